@@ -1,0 +1,1 @@
+"""Trace-replay benchmark: workloads, schemes, metrics."""

@@ -1,0 +1,59 @@
+"""Benchmark: `docker exec CONTAINER true` latency with execgate vs plain runc.
+
+Both containers run in the same Docker, interleaved call by call so drift (TCG, caches) hits
+both alike; the result is a ratio of medians, the only figure that carries across machines.
+    python3 bench/exec_latency.py [--n 40] [--image execgate-test:latest] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--image", default="execgate-test:latest")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    boxes = {rt: _docker("run", "-d", "--runtime", rt, args.image, "sleep", "inf")
+             for rt in ("runc", "execgate")}
+    samples: dict[str, list[float]] = {rt: [] for rt in boxes}
+    try:
+        for cid in boxes.values():  # warm-up
+            _docker("exec", cid, "true")
+        for i in range(args.n):
+            order = list(boxes.items()) if i % 2 == 0 else list(reversed(boxes.items()))
+            for rt, cid in order:
+                t0 = time.perf_counter()
+                _docker("exec", cid, "true")
+                samples[rt].append(time.perf_counter() - t0)
+    finally:
+        subprocess.run(["docker", "rm", "-f", *boxes.values()], capture_output=True)
+    med = {rt: statistics.median(v) for rt, v in samples.items()}
+    result = {
+        "n": args.n,
+        "median_s": med,
+        "p90_s": {rt: statistics.quantiles(v, n=10)[-1] for rt, v in samples.items()},
+        "ratio_execgate_over_runc": med["execgate"] / med["runc"],
+        "added_ms_median": (med["execgate"] - med["runc"]) * 1000,
+    }
+    print(f"docker exec true, n={args.n}: runc {med['runc'] * 1000:.0f} ms, "
+          f"execgate {med['execgate'] * 1000:.0f} ms (median), "
+          f"ratio {result['ratio_execgate_over_runc']:.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

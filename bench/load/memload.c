@@ -1,0 +1,232 @@
+/*
+ * memload: reproduce one traced tool call's memory and CPU profile inside a sandbox.
+ *
+ * The replay driver starts it with `docker exec`, exactly as an agent framework starts a tool
+ * call, so the runtime, the per-exec cgroup and the admission path see a real process tree.
+ * Pages are really written (RSS and memory.current follow the curve) and released with
+ * madvise(MADV_DONTNEED) when the curve falls. The curve is the one bench/trace.py's memory_at()
+ * defines; keep the two in sync.
+ *
+ *   memload --peak-mib 500 --duration 2.0 [--baseline-mib 0] [--shape ramp|spike|plateau|sawtooth]
+ *           [--peak-at 0.5] [--hold 0] [--cpu 0] [--retain-mib 0] [--retain-dir /dev/shm]
+ *           [--tick-ms 50]
+ *
+ * Silent on success (stdout belongs to the agent's tool output); exit 2 on bad arguments,
+ * exit 1 if memory or the retain file cannot be had. Build: gcc -O2 -static -o memload memload.c
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h> /* isfinite only (a macro): no -lm needed */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1024.0 * 1024.0)
+#define SPIKE_HALF_WIDTH 0.1 /* same constant as trace.py */
+
+enum shape { RAMP, SPIKE, PLATEAU, SAWTOOTH };
+
+static struct {
+    double baseline, peak, duration, peak_at, hold, cpu, retain; /* MiB / seconds / fractions */
+    double tick;                                                 /* seconds */
+    enum shape shape;
+    const char *retain_dir;
+} opt = {0, -1, 1.0, 0.5, 0, 0, 0, 0.05, RAMP, "/dev/shm"};
+
+static void usage_error(const char *msg, const char *arg)
+{
+    fprintf(stderr, "memload: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
+    fprintf(stderr, "usage: memload --peak-mib N [--baseline-mib N] [--duration S] "
+                    "[--shape ramp|spike|plateau|sawtooth] [--peak-at F] [--hold S] [--cpu F] "
+                    "[--retain-mib N] [--retain-dir DIR] [--tick-ms MS]\n");
+    exit(2);
+}
+
+/* A finite, non-negative number with nothing trailing; anything else is a usage error. */
+static double number(const char *name, const char *s, double max)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < 0 || v > max)
+        usage_error(name, s);
+    return v;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_until(double t)
+{
+    struct timespec ts = {(time_t)t, (long)((t - (time_t)t) * 1e9)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* Fraction of the way from baseline (0) to peak (1) at fraction x of the active time. */
+static double shape_fraction(double x, double p)
+{
+    x = x < 0 ? 0 : x > 1 ? 1 : x;
+    switch (opt.shape) {
+    case RAMP: /* linear rise to p, then held */
+        return p <= 0 ? 1 : (x / p < 1 ? x / p : 1);
+    case SPIKE: { /* triangle centred on p */
+        double d = x > p ? x - p : p - x;
+        double f = 1 - d / SPIKE_HALF_WIDTH;
+        return f > 0 ? f : 0;
+    }
+    case PLATEAU: /* at peak until p, then baseline */
+        return x <= p ? 1 : 0;
+    case SAWTOOTH: { /* teeth of length p */
+        if (p <= 0)
+            return 1;
+        double r = x - (long)(x / p) * p; /* fmod without libm: x >= 0 */
+        return (r == 0 && x > 0) ? 1 : r / p;
+    }
+    }
+    return 0;
+}
+
+/* Target MiB at t seconds; the --hold interval freezes the curve at its first peak. */
+static double level_at(double t)
+{
+    double hold = opt.hold < opt.duration ? opt.hold : opt.duration;
+    double active = opt.duration - hold, x;
+    if (active <= 0)
+        return opt.peak;
+    double t_peak = opt.peak_at * active;
+    if (t < t_peak)
+        x = t / active;
+    else if (t < t_peak + hold)
+        return opt.peak;
+    else
+        x = (t - hold) / active;
+    return opt.baseline + (opt.peak - opt.baseline) * shape_fraction(x, opt.peak_at);
+}
+
+/* Leave `retain` MiB behind in tmpfs: shmem stays charged to the sandbox after we exit. */
+static void write_retained(void)
+{
+    char path[4096], buf[1 << 16];
+    size_t left = (size_t)(opt.retain * MIB);
+    snprintf(path, sizeof path, "%s/memload-retained-%ld", opt.retain_dir, (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "memload: %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    memset(buf, 0xa5, sizeof buf); /* non-zero: a sparse or zero-deduplicated file holds nothing */
+    while (left > 0) {
+        ssize_t n = write(fd, buf, left < sizeof buf ? left : sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            fprintf(stderr, "memload: writing %s: %s\n", path, n < 0 ? strerror(errno) : "short");
+            exit(1);
+        }
+        left -= (size_t)n;
+    }
+    close(fd);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"peak-mib", required_argument, 0, 'p'},  {"baseline-mib", required_argument, 0, 'b'},
+        {"duration", required_argument, 0, 'd'},  {"shape", required_argument, 0, 's'},
+        {"peak-at", required_argument, 0, 'a'},   {"hold", required_argument, 0, 'h'},
+        {"cpu", required_argument, 0, 'c'},       {"retain-mib", required_argument, 0, 'r'},
+        {"retain-dir", required_argument, 0, 'D'}, {"tick-ms", required_argument, 0, 't'},
+        {0, 0, 0, 0},
+    };
+    const double big = 1 << 24; /* 16 TiB or ~194 days: beyond any sane step */
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'p': opt.peak = number("--peak-mib", optarg, big); break;
+        case 'b': opt.baseline = number("--baseline-mib", optarg, big); break;
+        case 'd': opt.duration = number("--duration", optarg, big); break;
+        case 'a': opt.peak_at = number("--peak-at", optarg, 1); break;
+        case 'h': opt.hold = number("--hold", optarg, big); break;
+        case 'c': opt.cpu = number("--cpu", optarg, 1); break;
+        case 'r': opt.retain = number("--retain-mib", optarg, big); break;
+        case 'D': opt.retain_dir = optarg; break;
+        case 't': opt.tick = number("--tick-ms", optarg, 10000) / 1000; break;
+        case 's':
+            if (!strcmp(optarg, "ramp")) opt.shape = RAMP;
+            else if (!strcmp(optarg, "spike")) opt.shape = SPIKE;
+            else if (!strcmp(optarg, "plateau")) opt.shape = PLATEAU;
+            else if (!strcmp(optarg, "sawtooth")) opt.shape = SAWTOOTH;
+            else usage_error("unknown --shape", optarg);
+            break;
+        default: usage_error("unknown option or missing value", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) usage_error("unexpected argument", argv[optind]);
+    if (opt.peak < 0) usage_error("--peak-mib is required", NULL);
+    if (opt.baseline > opt.peak) usage_error("--baseline-mib exceeds --peak-mib", NULL);
+    if (opt.retain > opt.peak) usage_error("--retain-mib exceeds --peak-mib", NULL);
+    if (opt.hold > opt.duration) usage_error("--hold exceeds --duration", NULL);
+    if (opt.tick < 0.001) usage_error("--tick-ms must be >= 1", NULL);
+
+    long page = sysconf(_SC_PAGESIZE);
+    size_t cap = ((size_t)(opt.peak * MIB) + page - 1) / page * page;
+    char *mem = NULL;
+    if (cap > 0) {
+        /* NORESERVE: reserve address space only; pages exist once written, like a real heap. */
+        mem = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+        if (mem == MAP_FAILED) {
+            fprintf(stderr, "memload: mmap %zu bytes: %s\n", cap, strerror(errno));
+            return 1;
+        }
+    }
+
+    size_t resident = 0; /* bytes at the start of `mem` that are currently written */
+    volatile double sink = 1.0;
+    double t0 = now();
+    for (long k = 0;; k++) {
+        double tick_start = t0 + k * opt.tick;
+        double t = tick_start - t0;
+        if (t > opt.duration)
+            t = opt.duration;
+        size_t want = (size_t)(level_at(t) * MIB) / page * page;
+        if (want > cap)
+            want = cap;
+        if (want > resident) { /* grow: write one byte per page so the kernel must back it */
+            for (size_t off = resident; off < want; off += page)
+                mem[off] = (char)(off / page) | 1;
+            resident = want;
+        } else if (want < resident) { /* shrink: hand the pages back, RSS drops at once */
+            madvise(mem + want, resident - want, MADV_DONTNEED);
+            resident = want;
+        }
+        if (t >= opt.duration)
+            break;
+        /* Burn the CPU share of this tick (page faults above count towards it), sleep the rest. */
+        double burn_until = tick_start + opt.cpu * opt.tick;
+        while (now() < burn_until)
+            for (int i = 0; i < 1000; i++)
+                sink = sink * 1.0000001 + 1e-9;
+        double next = tick_start + opt.tick;
+        if (next > t0 + opt.duration)
+            next = t0 + opt.duration;
+        sleep_until(next);
+    }
+
+    if (mem)
+        munmap(mem, cap);
+    if (opt.retain > 0)
+        write_retained();
+    return 0;
+}

@@ -1,0 +1,1 @@
+"""cgroup v2 plumbing: where a container's cgroup is and how tool-call cgroups live inside it."""

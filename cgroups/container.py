@@ -1,0 +1,73 @@
+"""The layout execgate gives a container's cgroup:
+
+    <container cgroup>/            controllers cpu, memory, pids enabled for children; no tasks
+        init/                      the container's init and everything it forks
+        tool-<hex>/                one per tool call (a `docker exec`), removed when it ends
+
+cgroup v2 forbids tasks in a cgroup that hands controllers to its children, so init must move
+into a leaf before the controllers can be enabled. The container's own limits stay on the
+parent and still bound the sum of init and every tool call.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import v2
+
+INIT = "init"
+TOOL_PREFIX = "tool-"
+
+
+def prepare(cg: str, controllers: tuple[str, ...]) -> list[str]:
+    """Move every task of the container cgroup into init/ and enable controllers."""
+    leaf = os.path.join(cg, INIT)
+    os.makedirs(leaf, exist_ok=True)
+    # A process may fork while we move: repeat until the parent is empty.
+    for _ in range(10):
+        pids = v2.procs(cg)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                v2.move(pid, leaf)
+            except ProcessLookupError:
+                continue
+    return v2.enable_controllers(cg, controllers)
+
+
+def is_prepared(cg: str) -> bool:
+    return os.path.isdir(os.path.join(cg, INIT))
+
+
+def new_tool_name() -> str:
+    """A fresh tool-call name; 48 random bits keep it unique on the host, not just here."""
+    return TOOL_PREFIX + os.urandom(6).hex()
+
+
+def make_tool_cgroup(cg: str, name: str) -> str:
+    """Create the call's cgroup. OOM kills inside it take the whole call, never half of it."""
+    path = os.path.join(cg, name)
+    os.mkdir(path)
+    try:
+        v2.write(path, "memory.oom.group", "1")
+    except OSError:
+        pass
+    return path
+
+
+def tool_cgroups(cg: str) -> list[str]:
+    try:
+        return sorted(e.path for e in os.scandir(cg)
+                      if e.name.startswith(TOOL_PREFIX) and e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def remove_idle_tool_cgroups(cg: str) -> int:
+    """rmdir every tool cgroup without tasks; returns how many remain (still in use)."""
+    left = 0
+    for tool in tool_cgroups(cg):
+        if v2.populated(tool) or not v2.remove(tool, attempts=3):
+            left += 1
+    return left

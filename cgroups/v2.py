@@ -1,0 +1,114 @@
+"""Minimal cgroup v2 file operations (no library: this runs on every exec)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+ROOT = os.environ.get("EXECGATE_CGROUP_ROOT", "/sys/fs/cgroup")
+CGROUP2_SUPER_MAGIC = 0x63677270
+
+
+def is_unified(root: str = ROOT) -> bool:
+    """True on a pure cgroup v2 host (hybrid and v1 hosts are passed through untouched)."""
+    return os.path.exists(os.path.join(root, "cgroup.controllers"))
+
+
+def path_of_pid(pid: int, root: str = ROOT) -> str:
+    """Absolute cgroupfs directory of a process, from its '0::' line."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return os.path.join(root, line[3:].strip().lstrip("/"))
+    raise LookupError(f"pid {pid} has no cgroup v2 membership")
+
+
+def read(cg: str, name: str) -> str:
+    with open(os.path.join(cg, name)) as f:
+        return f.read()
+
+
+def write(cg: str, name: str, value: str) -> None:
+    fd = os.open(os.path.join(cg, name), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def read_keyed(cg: str, name: str) -> dict[str, int]:
+    """A flat-keyed file (memory.events, cpu.stat, cgroup.events) as a dict; {} if absent."""
+    try:
+        text = read(cg, name)
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, val = line.partition(" ")
+        try:
+            out[key] = int(val)
+        except ValueError:
+            continue
+    return out
+
+
+def read_int(cg: str, name: str) -> int | None:
+    try:
+        return int(read(cg, name).strip())
+    except (OSError, ValueError):
+        return None
+
+
+def procs(cg: str) -> list[int]:
+    try:
+        return [int(p) for p in read(cg, "cgroup.procs").split()]
+    except (OSError, ValueError):
+        return []
+
+
+def populated(cg: str) -> bool:
+    return read_keyed(cg, "cgroup.events").get("populated", 0) == 1
+
+
+def move(pid: int, cg: str) -> None:
+    write(cg, "cgroup.procs", str(pid))
+
+
+def enable_controllers(cg: str, wanted: tuple[str, ...]) -> list[str]:
+    """Enable the wanted controllers that the cgroup offers; returns those enabled."""
+    available = read(cg, "cgroup.controllers").split()
+    enabled = [c for c in wanted if c in available]
+    if enabled:
+        write(cg, "cgroup.subtree_control", " ".join("+" + c for c in enabled))
+    return enabled
+
+
+def remove(cg: str, attempts: int = 20) -> bool:
+    """rmdir an empty cgroup; EBUSY right after its last task exits is retried briefly."""
+    for i in range(attempts):
+        try:
+            os.rmdir(cg)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            if e.errno != errno.EBUSY or i == attempts - 1:
+                return False
+            time.sleep(0.01 * (i + 1))
+    return False
+
+
+def remove_tree(cg: str) -> bool:
+    """Remove a cgroup and all its (empty) descendants, deepest first."""
+    ok = True
+    try:
+        entries = list(os.scandir(cg))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            ok = remove_tree(entry.path) and ok
+    return remove(cg) and ok

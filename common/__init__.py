@@ -1,0 +1,1 @@
+"""What every execgate process shares: configuration, paths and records."""

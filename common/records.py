@@ -1,0 +1,101 @@
+"""Small on-disk records shared by the runtime, its watchers, the daemon and the CLI.
+
+Containers: one JSON file per container under <state_dir>/containers, written atomically
+(rename), so a reader never sees half a record and a crash never leaves one.
+Finished tool calls: one JSON line each, appended to the journal (O_APPEND keeps concurrent
+writers' lines whole).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+
+def _containers_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, "containers")
+
+
+def _container_path(state_dir: str, cid: str) -> str:
+    if not cid or "/" in cid or cid.startswith("."):
+        raise ValueError(f"invalid container id {cid!r}")
+    return os.path.join(_containers_dir(state_dir), cid + ".json")
+
+
+def save_container(state_dir: str, record: dict[str, Any]) -> None:
+    path = _container_path(state_dir, record["id"])
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+    os.rename(tmp, path)
+
+
+def load_container(state_dir: str, cid: str) -> dict[str, Any] | None:
+    try:
+        with open(_container_path(state_dir, cid)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def remove_container(state_dir: str, cid: str) -> None:
+    try:
+        os.unlink(_container_path(state_dir, cid))
+    except (FileNotFoundError, ValueError):
+        pass
+
+
+def containers(state_dir: str) -> Iterator[dict[str, Any]]:
+    try:
+        names = sorted(os.listdir(_containers_dir(state_dir)))
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.endswith(".json"):
+            rec = load_container(state_dir, name[:-5])
+            if rec:
+                yield rec
+
+
+def append_journal(path: str, entry: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def tail_journal(path: str, n: int, chunk: int = 1 << 16) -> list[dict[str, Any]]:
+    """The last n entries, read from the end: the journal only ever grows."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        pos, data = f.seek(0, os.SEEK_END), b""
+        while pos > 0 and data.count(b"\n") <= n:
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    out = []
+    for line in data.splitlines()[-n:] if n > 0 else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def read_journal(path: str) -> Iterator[dict[str, Any]]:
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue

@@ -1,0 +1,1 @@
+"""execgatectl: the operator's window into execgate."""

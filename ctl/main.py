@@ -1,0 +1,148 @@
+"""`execgatectl`: the operator's view of execgate (the runtime itself keeps runc's exact CLI)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from typing import Any
+
+from execgate.common import config as config_mod
+from execgate.common import records
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 20):.1f}M"
+
+
+def _status(cfg: config_mod.Config) -> tuple[dict[str, Any], str]:
+    """From the daemon when it runs; otherwise from disk (said in the header)."""
+    from execgate.daemon import protocol, status
+
+    try:
+        answer = protocol.call(cfg.socket, protocol.request("status"), timeout=2.0)
+        if answer.get("ok"):
+            return answer["status"], f"execgated pid {answer.get('pid')}"
+        source = f"daemon error: {answer.get('error')}"
+    except (OSError, protocol.ProtocolError) as e:
+        source = f"execgated not reachable ({e}); read from disk"
+    return status.collect(cfg), source
+
+
+def print_daemon(d: dict[str, Any]) -> None:
+    p = d.get("pressure") or {}
+    adm = d.get("admission") or {}
+    print(f"domain: {d.get('domain')}   pressure: {str(p.get('state', '?')).upper()}   "
+          f"headroom {_mib(p.get('headroom'))} (effective {_mib(p.get('effective_headroom'))}) "
+          f"of budget {_mib(p.get('budget'))}")
+    if p.get("reason"):
+        print(f"  why: {p['reason']}")
+    queued = adm.get("queued") or []
+    running = adm.get("running") or []
+    print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "
+          f"{len(queued)} queued; history: {d.get('history_calls', 0)} calls")
+    if queued:
+        print(f"\nQUEUED ({len(queued)})")
+        print(f"{'CALL':<18} {'SANDBOX':<14} {'QUEUE':<6} {'PEAK':>9} {'WAIT':>7}  SOURCE")
+        for q in queued:
+            dem = q.get("demand") or {}
+            print(f"{q.get('call_id', ''):<18} {str(q.get('sandbox', ''))[:12]:<14} "
+                  f"{q.get('queue', ''):<6} {_mib(dem.get('peak_bytes')):>9} "
+                  f"{q.get('waited_s', 0):>6.1f}s  {dem.get('source', '')}")
+
+
+def print_status(snap: dict[str, Any], source: str) -> None:
+    print(f"source: {source}")
+    if snap.get("daemon"):
+        print_daemon(snap["daemon"])
+    boxes = snap.get("sandboxes", [])
+    print(f"\nSANDBOXES ({len(boxes)})")
+    print(f"{'CONTAINER':<14} {'MANAGED':<8} {'MEMORY':>9} {'LIMIT':>9} {'CALLS':>5}  NOTE")
+    for box in boxes:
+        note = "" if box["alive"] else "cgroup gone"
+        if not box["managed"]:
+            note = box.get("reason") or "unmanaged"
+        limit = box.get("memory_max")
+        limit = _mib(int(limit)) if limit and limit.isdigit() else (limit or "-")
+        print(f"{box['id'][:12]:<14} {'yes' if box['managed'] else 'no':<8} "
+              f"{_mib(box.get('memory_current')):>9} {limit:>9} {len(box['calls']):>5}  {note}")
+    live = [(box["id"], c) for box in boxes for c in box["calls"]]
+    print(f"\nRUNNING CALLS ({len(live)})")
+    print(f"{'CONTAINER':<14} {'CALL':<18} {'MEMORY':>9} {'PEAK':>9} {'PIDS':>4} {'AGE':>7}  STATE")
+    for cid, c in live:
+        age = "-" if c.get("age") is None else f"{c['age']:.1f}s"
+        print(f"{cid[:12]:<14} {c['call']:<18} {_mib(c.get('memory_current')):>9} "
+              f"{_mib(c.get('memory_peak')):>9} {c.get('pids', 0):>4} {age:>7}  "
+              f"{'frozen' if c.get('frozen') else 'running'}")
+    print_calls(snap.get("recent_calls", []), title="RECENT CALLS")
+
+
+def print_calls(calls: list[dict[str, Any]], title: str = "CALLS") -> None:
+    print(f"\n{title} ({len(calls)})")
+    print(f"{'CONTAINER':<14} {'CALL':<18} {'EXIT':>5} {'OOM':>4} {'PEAK':>9} {'SECS':>7}  COMMAND")
+    for c in calls:
+        code = "-" if c.get("exit_code") is None else str(c["exit_code"])
+        cmd = " ".join(c.get("argv") or [])
+        print(f"{str(c.get('container', ''))[:12]:<14} {c.get('call', ''):<18} {code:>5} "
+              f"{'yes' if c.get('oom_killed') else 'no':>4} {_mib(c.get('memory_peak')):>9} "
+              f"{c.get('duration', 0):>7.2f}  {cmd[:60]}")
+
+
+def stream_events(cfg: config_mod.Config) -> int:
+    from execgate.daemon import protocol
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(cfg.socket)
+            sock.sendall(protocol.encode(protocol.request("events")))
+            while True:
+                n = protocol.frame_length(protocol._recv_exact(sock, 4))
+                msg = protocol.decode_body(protocol._recv_exact(sock, n))
+                if msg.get("subscribed"):
+                    continue
+                msg.pop("v", None)
+                msg.pop("ok", None)
+                print(json.dumps(msg), flush=True)
+    except KeyboardInterrupt:
+        return 0
+    except (OSError, protocol.ProtocolError) as e:
+        print(f"execgatectl: events: {e}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="execgatectl", description=__doc__)
+    parser.add_argument("--config", help="config file (default /etc/execgate/config.toml)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_status = sub.add_parser("status", help="sandboxes, running and recent tool calls")
+    p_status.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("events", help="stream admissions and outcomes as they happen (JSON lines)")
+    p_calls = sub.add_parser("calls", help="finished tool calls from the journal")
+    p_calls.add_argument("-n", type=int, default=20, help="how many (default 20)")
+    p_calls.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = parser.parse_args(argv)
+    cfg = config_mod.load(args.config)
+    for err in cfg.errors:
+        print(f"execgatectl: {err}", file=sys.stderr)
+    if args.cmd == "status":
+        snap, source = _status(cfg)
+        if args.json:
+            json.dump({"source": source, **snap}, sys.stdout, indent=2)
+            print()
+        else:
+            print_status(snap, source)
+    elif args.cmd == "events":
+        return stream_events(cfg)
+    elif args.cmd == "calls":
+        calls = records.tail_journal(cfg.journal, args.n)
+        if args.json:
+            for c in calls:
+                print(json.dumps(c))
+        else:
+            print_calls(calls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

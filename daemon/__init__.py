@@ -1,0 +1,1 @@
+"""execgated: the host daemon."""

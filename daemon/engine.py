@@ -1,0 +1,242 @@
+"""The daemon's control loop: pressure, admission and call bookkeeping, every 100 ms.
+
+    runtime ──admit──▶ Admission.submit ─┐
+                                         ├─ tick(): sample domain + running calls
+    watcher ──journal line──▶ release ───┘          assess pressure → Admission.step
+                                                    → answer waiting runtimes
+
+Calls end when their watcher's journal line appears (the journal is written even while the
+daemon is down, so nothing is lost across restarts) or, failing that, when their cgroup has
+been gone for a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from execgate.cgroups import container, v2
+from execgate.common import records
+from execgate.common.config import Config
+from execgate.policy.admission import Admission, Decision
+from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
+from execgate.policy.pressure import PressureReading, assess_pressure
+
+from .domain import Domain, DomainSample
+from .events import EventBus
+from .settings import Settings
+from .store import JournalFollower, Store
+
+log = logging.getLogger("execgated")
+
+
+@dataclass
+class LiveCall:
+    info: CallInfo
+    container: str
+    cgroup: str
+    admitted_at: float
+    seen: bool = False  # its cgroup has existed at least once
+    gone_since: float | None = None
+    mem_sum: int = 0
+    mem_n: int = 0
+    last_mem: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mem_avg(self) -> int | None:
+        return self.mem_sum // self.mem_n if self.mem_n else None
+
+
+def call_info(msg: dict[str, Any], arrival: float | None = None) -> CallInfo:
+    hint = msg.get("hint") or {}
+    declared = hint.get("memory_bytes")
+    priority = hint.get("priority") or "normal"
+    return CallInfo(call_id=str(msg["call"]), sandbox=str(msg.get("sandbox") or ""),
+                    argv=[str(a) for a in msg.get("argv") or []],
+                    declared_bytes=declared if isinstance(declared, int) else None,
+                    priority=priority if priority in ("low", "normal", "high") else "normal",
+                    arrival=arrival)
+
+
+class Engine:
+    def __init__(self, cfg: Config, settings: Settings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.settings = settings
+        self.clock = clock
+        self.domain = Domain(settings.daemon.domain, settings.daemon.budget_bytes)
+        self.estimator = HistoryEstimator(settings.estimate)
+        self.admission = Admission(settings.admission, self.estimator, clock)
+        self.store = Store(settings.daemon.store)
+        self.journal = JournalFollower(cfg.journal, self.store)
+        self.events = EventBus()
+        self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
+        self.pending: dict[str, tuple[dict[str, Any], asyncio.Future[Decision]]] = {}
+        self.reading: PressureReading | None = None
+        self.sample: DomainSample | None = None
+        self.started = time.time()
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def warm_up(self, n: int = 4096) -> int:
+        """Teach the estimator the last n calls from the store (learning survives restarts)."""
+        count = 0
+        for entry, avg in self.store.recent(n):
+            self._observe(entry, avg)
+            count += 1
+        return count
+
+    def rediscover(self) -> int:
+        """Adopt tool calls that are running right now (started before this daemon)."""
+        self._follow_journal()  # calls that ended while we were away are not adopted
+        adopted = 0
+        for rec in records.containers(self.cfg.state_dir):
+            cg = rec.get("cgroup")
+            if not rec.get("managed") or not cg:
+                continue
+            for path in container.tool_cgroups(cg):
+                name = os.path.basename(path)
+                if name in self.calls or not v2.populated(path):
+                    continue
+                info = CallInfo(call_id=name, sandbox=rec.get("sandbox") or rec["id"], argv=[])
+                used = v2.read_int(path, "memory.current") or 0
+                self.admission.adopt(info, used)
+                self.calls[name] = LiveCall(info, rec["id"], path, self.clock(), seen=True)
+                adopted += 1
+        return adopted
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(self, msg: dict[str, Any]) -> tuple[dict[str, Any], asyncio.Future[Decision]]:
+        info = call_info(msg)
+        if info.priority == "high" and info.sandbox not in self.settings.daemon.priority_sandboxes \
+                and msg.get("container") not in self.settings.daemon.priority_sandboxes:
+            info = CallInfo(info.call_id, info.sandbox, info.argv, info.declared_bytes, "normal")
+        ticket = self.admission.submit(info)
+        fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self.pending[info.call_id] = (msg, fut)
+        self.events.publish("queued", call=info.call_id, sandbox=info.sandbox,
+                            queue=ticket.queue, peak=ticket.demand.peak_bytes,
+                            avg=ticket.demand.avg_bytes, source=ticket.demand.source,
+                            argv=list(info.argv))
+        self._step()
+        return ({"queue": ticket.queue, "peak": ticket.demand.peak_bytes,
+                 "avg": ticket.demand.avg_bytes, "source": ticket.demand.source,
+                 "max_wait_s": self.settings.admission.max_admission_wait_s}, fut)
+
+    def cancel(self, call_id: str) -> None:
+        """The runtime went away before it was admitted (or after, with nothing to run)."""
+        if self.pending.pop(call_id, None) is not None or call_id in self.calls:
+            self.admission.cancel(call_id)
+            self.calls.pop(call_id, None)
+            self.events.publish("cancelled", call=call_id)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self._follow_journal()
+        self._sample_calls()
+        self.sample = self.domain.sample()
+        self._step()
+
+    def _assess(self) -> PressureReading:
+        """Q(t) from the last domain sample and the growth still expected of admitted calls
+        (re-assessed at every step: a call admitted a moment ago has not grown yet)."""
+        if self.sample is None:
+            self.sample = self.domain.sample()
+        usage = {cid: c.last_mem for cid, c in self.calls.items()}
+        s = self.sample
+        return assess_pressure(self.settings.pressure, s.available, s.budget,
+                               predicted_growth=self.admission.predicted_growth(usage),
+                               psi_some_avg10=s.psi_some_avg10)
+
+    def _step(self) -> None:
+        self.reading = self._assess()
+        for decision in self.admission.step(self.reading):
+            msg, fut = self.pending.pop(decision.call_id, (None, None))
+            if msg is None or fut is None:
+                continue
+            info = call_info(msg)
+            self.calls[decision.call_id] = LiveCall(info, str(msg.get("container")),
+                                                    str(msg.get("cgroup")), self.clock())
+            if not fut.done():
+                fut.set_result(decision)
+            self.events.publish("admitted", call=decision.call_id, sandbox=info.sandbox,
+                                waited_s=round(decision.waited_s, 3), forced=decision.forced,
+                                probe=decision.probe, charge=decision.charge_bytes,
+                                reason=decision.reason, state=str(self.reading.state))
+
+    def _sample_calls(self) -> None:
+        now = self.clock()
+        for cid, call in list(self.calls.items()):
+            mem = v2.read_int(call.cgroup, "memory.current")
+            if mem is None:
+                if call.seen or now - call.admitted_at > self.settings.daemon.vanish_grace_s:
+                    call.gone_since = call.gone_since or now
+                    if now - call.gone_since > self.settings.daemon.vanish_grace_s:
+                        self._finish(cid, None)
+                continue
+            call.seen, call.gone_since = True, None
+            call.mem_sum += mem
+            call.mem_n += 1
+            call.last_mem = mem
+
+    def _follow_journal(self) -> None:
+        for entry in self.journal.read_new():
+            cid = entry.get("call")
+            call = self.calls.get(cid) if isinstance(cid, str) else None
+            avg = call.mem_avg if call else None
+            try:
+                self.store.add(entry, avg)
+            except Exception as e:  # noqa: BLE001 - history is best effort
+                log.warning("store: %s", e)
+            self._observe(entry, avg)
+            if isinstance(cid, str):
+                self._finish(cid, entry)
+
+    def _observe(self, entry: dict[str, Any], avg: int | None) -> None:
+        if not entry.get("pids_peak") or entry.get("memory_peak") is None:
+            return  # never ran (e.g. runc failed): nothing to learn
+        try:
+            info = call_info(entry)
+        except (KeyError, ValueError):
+            return
+        peak = int(entry["memory_peak"])
+        self.estimator.observe(info, Outcome(peak_bytes=peak, avg_bytes=avg or peak // 2,
+                                             duration_s=float(entry.get("duration") or 0),
+                                             oom_killed=bool(entry.get("oom_killed"))))
+
+    def _finish(self, cid: str, entry: dict[str, Any] | None) -> None:
+        call = self.calls.pop(cid, None)
+        if call is None:
+            return
+        self.admission.release(cid)
+        self.events.publish(
+            "finished", call=cid, container=call.container,
+            exit_code=entry.get("exit_code") if entry else None,
+            oom_killed=bool(entry.get("oom_killed")) if entry else None,
+            memory_peak=entry.get("memory_peak") if entry else None,
+            duration=entry.get("duration") if entry else None,
+            vanished=entry is None)
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        r = self.reading
+        return {
+            "domain": self.domain.describe(),
+            "pressure": None if r is None else {
+                "state": str(r.state), "headroom": r.headroom,
+                "effective_headroom": r.effective_headroom, "budget": r.budget,
+                "available": r.available, "predicted_growth": r.predicted_growth,
+                "psi_some_avg10": r.psi_some_avg10, "reason": r.reason},
+            "admission": self.admission.snapshot(),
+            "history_calls": self.store.count(),
+            "uptime_s": round(time.time() - self.started, 1),
+        }

@@ -1,0 +1,156 @@
+"""`execgated`: the host daemon shared by every sandbox.
+
+It holds the memory-pressure state of its domain, admits every tool call by predicted demand
+(the runtime asks before each `docker exec` runs), learns demand from finished calls, and shows
+all of it to execgatectl. The runtime fails open: when this daemon is down or slow, calls run
+unmanaged and the runtime logs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+from execgate.common import config as config_mod
+
+from . import protocol, status
+from . import settings as settings_mod
+from .engine import Engine
+from .server import Conn, Server
+
+log = logging.getLogger("execgated")
+
+
+def sd_notify(state: str) -> None:
+    """Tell systemd we are ready (Type=notify) without libsystemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        s.sendall(state.encode())
+
+
+class Daemon:
+    def __init__(self, cfg: config_mod.Config, engine: Engine) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
+                         "events": self.op_events}
+
+    async def op_ping(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
+        return protocol.reply(True, pid=os.getpid())
+
+    async def op_status(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
+        snap = await asyncio.to_thread(status.collect, self.cfg, int(msg.get("recent", 20)))
+        snap["daemon"] = self.engine.snapshot()
+        return protocol.reply(True, status=snap, pid=os.getpid())
+
+    async def op_admit(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
+        """Two frames: `queued` at once (the runtime knows we are alive), then `admitted`."""
+        for key in ("call", "sandbox", "cgroup"):
+            if not isinstance(msg.get(key), str) or not msg[key]:
+                return protocol.reply(False, error=f"admit needs a string {key!r}")
+        call_id = msg["call"]
+        try:
+            ticket, fut = self.engine.submit(msg)
+        except ValueError as e:
+            return protocol.reply(False, error=str(e))
+        await conn.send(protocol.reply(True, queued=True, **ticket))
+        hangup = asyncio.ensure_future(conn.closed())
+        try:
+            await asyncio.wait({fut, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            if not fut.done():  # the runtime gave up or died: nothing will run
+                self.engine.cancel(call_id)
+                return None
+            d = fut.result()
+            await conn.send(protocol.reply(True, admitted=True, waited_s=d.waited_s,
+                                           forced=d.forced, probe=d.probe,
+                                           charge=d.charge_bytes, reason=d.reason))
+            return None
+        finally:
+            hangup.cancel()
+            if not fut.done():
+                fut.cancel()
+
+    async def op_events(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
+        q = self.engine.events.subscribe()
+        hangup = asyncio.ensure_future(conn.closed())
+        try:
+            await conn.send(protocol.reply(True, subscribed=True))
+            while not hangup.done():
+                get = asyncio.ensure_future(q.get())
+                await asyncio.wait({get, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    break
+                await conn.send(protocol.reply(True, **get.result()))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            hangup.cancel()
+            self.engine.events.unsubscribe(q)
+        return None
+
+    async def control_loop(self, stop: asyncio.Event) -> None:
+        period = self.engine.settings.daemon.sample_period_s
+        while not stop.is_set():
+            try:
+                self.engine.tick()
+            except Exception:
+                log.exception("control loop iteration failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=period)
+
+
+async def run(cfg: config_mod.Config) -> None:
+    settings, errors = settings_mod.load(cfg)
+    for err in errors:
+        log.warning("config: %s", err)
+    engine = Engine(cfg, settings)
+    learned = engine.warm_up()
+    adopted = engine.rediscover()
+    log.info("domain %s; learned from %d past calls; adopted %d running calls",
+             engine.domain.describe(), learned, adopted)
+    daemon = Daemon(cfg, engine)
+    server = Server(cfg.socket, daemon.handlers, allowed_uids={0})
+    await server.start()
+    log.info("listening on %s", cfg.socket)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sd_notify("READY=1")
+    await daemon.control_loop(stop)
+    sd_notify("STOPPING=1")
+    await server.close()
+    engine.store.close()
+    log.info("stopped")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="execgated", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="config file (default /etc/execgate/config.toml)")
+    parser.add_argument("--socket", help="override the socket path")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    cfg = config_mod.load(args.config)
+    for err in cfg.errors:
+        log.warning("%s", err)
+    if args.socket:
+        cfg = config_mod.Config(**{**cfg.__dict__, "socket": args.socket})
+    asyncio.run(run(cfg))
+
+
+if __name__ == "__main__":
+    main()

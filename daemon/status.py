@@ -1,0 +1,52 @@
+"""A snapshot of what execgate manages on this host, from records and cgroupfs.
+
+Used by the daemon to answer `status` and by execgatectl when the daemon is down, so the two
+can never disagree on what is there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from execgate.cgroups import container, v2
+from execgate.common import records
+from execgate.common.config import Config
+
+
+def _live_call(path: str, now: float) -> dict[str, Any]:
+    try:
+        age = now - os.stat(path).st_mtime
+    except OSError:
+        age = None
+    return {
+        "call": os.path.basename(path),
+        "memory_current": v2.read_int(path, "memory.current"),
+        "memory_peak": v2.read_int(path, "memory.peak"),
+        "pids": len(v2.procs(path)),
+        "frozen": v2.read_int(path, "cgroup.freeze") == 1,
+        "age": age,
+    }
+
+
+def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
+    now = time.time()
+    sandboxes = []
+    for rec in records.containers(cfg.state_dir):
+        cg = rec.get("cgroup")
+        alive = bool(cg) and os.path.isdir(cg)
+        sandboxes.append({
+            "id": rec["id"],
+            "sandbox": rec.get("sandbox", rec["id"]),
+            "managed": bool(rec.get("managed")),
+            "reason": rec.get("reason"),
+            "cgroup": cg,
+            "alive": alive,
+            "memory_current": v2.read_int(cg, "memory.current") if alive else None,
+            "memory_max": (v2.read(cg, "memory.max").strip() if alive and
+                           os.path.exists(os.path.join(cg, "memory.max")) else None),
+            "calls": [_live_call(p, now) for p in container.tool_cgroups(cg)] if alive else [],
+        })
+    finished = records.tail_journal(cfg.journal, recent)
+    return {"time": now, "sandboxes": sandboxes, "recent_calls": finished}

@@ -1,0 +1,105 @@
+"""Tool-call history in SQLite (WAL): the training data for demand prediction.
+
+The journal (JSONL, written by each call's watcher) stays the source of truth, because it is
+written even while the daemon is down; the store follows it, remembering how far it has read,
+so a restarted daemon catches up on calls that ended while it was gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    call TEXT PRIMARY KEY,
+    container TEXT, sandbox TEXT, argv TEXT,
+    declared_bytes INTEGER, priority TEXT,
+    start REAL, duration REAL, exit_code INTEGER, oom_killed INTEGER,
+    memory_peak INTEGER, memory_avg INTEGER, waited_s REAL, forced INTEGER,
+    entry TEXT
+);
+CREATE INDEX IF NOT EXISTS calls_start ON calls(start);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def add(self, entry: dict[str, Any], memory_avg: int | None = None) -> None:
+        hint = entry.get("hint") or {}
+        self.db.execute(
+            "INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (entry.get("call"), entry.get("container"), entry.get("sandbox"),
+             json.dumps(entry.get("argv") or []), hint.get("memory_bytes"),
+             hint.get("priority"), entry.get("start"), entry.get("duration"),
+             entry.get("exit_code"), int(bool(entry.get("oom_killed"))),
+             entry.get("memory_peak"), memory_avg, entry.get("waited_s"),
+             int(bool(entry.get("forced"))), json.dumps(entry)))
+
+    def recent(self, n: int) -> Iterator[tuple[dict[str, Any], int | None]]:
+        """The last n calls, oldest first, to warm the estimator after a restart."""
+        rows = self.db.execute(
+            "SELECT entry, memory_avg FROM calls ORDER BY start DESC LIMIT ?", (n,)).fetchall()
+        for entry, avg in reversed(rows):
+            yield json.loads(entry), avg
+
+    def count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
+
+
+class JournalFollower:
+    """Reads whole new lines appended to the journal since the last call.
+
+    The position (inode and offset) is kept in the store, so restarts resume where they left;
+    a replaced or truncated journal is read from its start.
+    """
+
+    def __init__(self, path: str, store: Store) -> None:
+        self.path = path
+        self.store = store
+        saved = (store.get_meta("journal_pos") or "0:0").split(":")
+        self.inode, self.offset = int(saved[0]), int(saved[1])
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        if st.st_ino != self.inode or st.st_size < self.offset:
+            self.inode, self.offset = st.st_ino, 0
+        if st.st_size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(st.st_size - self.offset)
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        self.offset += end
+        self.store.set_meta("journal_pos", f"{self.inode}:{self.offset}")
+        return out

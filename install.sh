@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Installs execgate on a Docker host (run as root), or removes it with --uninstall.
+#
+#   ./install.sh [--prefix DIR] [--runtime-name NAME] [--no-docker] [--no-start]
+#   ./install.sh --uninstall [--purge] [--prefix DIR] [--runtime-name NAME]
+#
+# Idempotent. pip's own settings are honoured, so an offline install is
+#   PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels ./install.sh
+set -euo pipefail
+
+src=$(cd "$(dirname "$0")" && pwd)
+prefix=/opt/execgate
+name=execgate
+docker=1
+start=1
+uninstall=0
+purge=0
+bindir=/usr/local/bin
+confdir=/etc/execgate
+daemon_json=${EXECGATE_DOCKER_CONFIG:-/etc/docker/daemon.json}
+unit=/etc/systemd/system/execgated.service
+commands=(execgate execgated execgatectl)
+
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+die() { echo "install.sh: $*" >&2; exit 1; }
+say() { echo "install.sh: $*"; }
+
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --prefix) prefix=${2:?--prefix needs a directory}; shift ;;
+        --prefix=*) prefix=${1#*=} ;;
+        --runtime-name) name=${2:?--runtime-name needs a name}; shift ;;
+        --runtime-name=*) name=${1#*=} ;;
+        --no-docker) docker=0 ;;
+        --no-start) start=0 ;;
+        --uninstall) uninstall=1 ;;
+        --purge) purge=1 ;;
+        -h|--help) usage 0 ;;
+        *) echo "install.sh: unknown option $1" >&2; usage 2 ;;
+    esac
+    shift
+done
+[[ $name =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]] || die "invalid runtime name '$name'"
+[[ $(id -u) == 0 ]] || die "must run as root"
+
+have_systemd() { [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
+runtime_path=$bindir/execgate
+docker_json() { python3 "$src/ctl/daemon_json.py" "$@"; }
+
+reload_docker() {
+    # Runtimes are re-read on SIGHUP: no restart, running containers are untouched.
+    if have_systemd && systemctl is-active --quiet docker 2>/dev/null; then
+        systemctl reload docker && say "reloaded docker"
+    elif pid=$(pidof dockerd 2>/dev/null); then
+        kill -HUP $pid && say "sent SIGHUP to dockerd"
+    fi
+}
+
+if [[ $uninstall == 1 ]]; then
+    if [[ $docker == 1 && -f $daemon_json ]]; then
+        docker_json remove "$daemon_json" "$name" "$runtime_path" || die "daemon.json left as it was"
+        reload_docker
+    fi
+    if have_systemd && [[ -f $unit ]]; then
+        systemctl disable --now execgated.service >/dev/null 2>&1 || true
+        rm -f "$unit"
+        systemctl daemon-reload
+    fi
+    for c in "${commands[@]}"; do
+        [[ -L $bindir/$c && $(readlink "$bindir/$c") == "$prefix/bin/$c" ]] && rm -f "$bindir/$c"
+    done
+    rm -rf "$prefix"
+    if [[ $purge == 1 ]]; then
+        rm -rf "$confdir" /var/lib/execgate
+    fi
+    say "execgate removed"
+    exit 0
+fi
+
+command -v python3 >/dev/null || die "python3 is required"
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python >= 3.11 is required"
+python3 -c 'import venv, ensurepip' 2>/dev/null || die "python3-venv is required (apt-get install python3-venv)"
+# Refuse before changing anything when daemon.json cannot be merged.
+if [[ $docker == 1 ]]; then
+    docker_json check "$daemon_json" || die "not registering with Docker; nothing was changed"
+fi
+
+# The venv sees system site-packages so Debian's python3-bpfcc (not on PyPI) is importable.
+if [[ ! -x $prefix/bin/python ]]; then
+    python3 -m venv --system-site-packages "$prefix"
+fi
+"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$src" \
+    || die "pip install failed"
+install -m 0644 "$src/README.md" "$prefix/README.md"
+for c in "${commands[@]}"; do
+    ln -sfn "$prefix/bin/$c" "$bindir/$c"
+done
+say "installed into $prefix; commands linked in $bindir"
+
+install -d -m 0755 "$confdir"
+if [[ ! -f $confdir/config.toml ]]; then
+    install -m 0644 "$src/packaging/config.toml" "$confdir/config.toml"
+    say "wrote $confdir/config.toml"
+fi
+install -d -m 0750 /var/lib/execgate
+
+if have_systemd; then
+    install -m 0644 "$src/packaging/execgated.service" "$unit"
+    systemctl daemon-reload
+    systemctl enable execgated.service >/dev/null 2>&1
+    if [[ $start == 1 ]]; then
+        systemctl restart execgated.service || say "warning: execgated did not start (see journalctl -u execgated)"
+    fi
+else
+    say "no systemd: start $bindir/execgated yourself"
+fi
+
+if [[ $docker == 1 ]]; then
+    docker_json add "$daemon_json" "$name" "$runtime_path"
+    reload_docker
+    say "use it with: docker run --runtime $name ..."
+fi

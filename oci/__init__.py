@@ -1,0 +1,1 @@
+"""runc's command line, bundles and process specs: what execgate reads of the OCI contract."""

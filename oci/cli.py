@@ -1,0 +1,133 @@
+"""Parse runc's command line the way runc (Go's flag package under urfave/cli) does.
+
+execgate must accept every spelling runc accepts (`-flag`, `--flag`, `=value` or a separate
+value) and hand the untouched argv to the real runtime, so the parser only *reads*: it records
+where the subcommand sits so that an intercepting handler can splice in extra flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# runc 1.1's global flags. Unknown flags are tolerated (newer runc): they are assumed boolean.
+GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless"})
+GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
+
+# Per-subcommand flags that take a value (everything else is treated as boolean).
+SUBCOMMAND_VALUE_FLAGS: dict[str, frozenset[str]] = {
+    "create": frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"}),
+    "run": frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"}),
+    "exec": frozenset(
+        {
+            "console-socket", "cwd", "env", "e", "user", "u", "additional-gids", "g",
+            "process", "p", "pid-file", "process-label", "apparmor", "cap", "c",
+            "preserve-fds", "cgroup",
+        }
+    ),
+    "delete": frozenset(),
+    "kill": frozenset(),
+}
+ALIASES = {"b": "bundle", "e": "env", "u": "user", "g": "additional-gids", "p": "process",
+           "c": "cap", "t": "tty", "d": "detach", "f": "force", "a": "all", "h": "help",
+           "v": "version"}
+
+
+@dataclass
+class Flags:
+    """Flags by canonical long name; repeated flags keep every value, booleans store 'true'."""
+
+    values: dict[str, list[str]] = field(default_factory=dict)
+    positionals: list[str] = field(default_factory=list)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        vals = self.values.get(name)
+        return vals[-1] if vals else default
+
+    def is_set(self, name: str) -> bool:
+        val = self.get(name)
+        return val is not None and val.lower() not in ("false", "0")
+
+
+def _split_flag(arg: str) -> tuple[str, str | None] | None:
+    """'-x', '--x', '--x=v' -> (name, value); None for a non-flag."""
+    if len(arg) < 2 or arg[0] != "-" or arg == "--":
+        return None
+    name = arg[2:] if arg.startswith("--") else arg[1:]
+    if not name or name.startswith("-"):
+        return None
+    if "=" in name:
+        name, value = name.split("=", 1)
+        return name, value
+    return name, None
+
+
+def parse_flags(args: list[str], value_flags: frozenset[str], *, interspersed: bool = False
+                ) -> tuple[Flags, int]:
+    """Parse flags from the front of args (or from anywhere, if interspersed).
+
+    Returns the flags and the index at which parsing stopped (the first positional when not
+    interspersed, else len(args)).
+    """
+    flags = Flags()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            flags.positionals.extend(args[i + 1:])
+            return flags, len(args)
+        split = _split_flag(arg)
+        if split is None:
+            if not interspersed:
+                return flags, i
+            flags.positionals.append(arg)
+            i += 1
+            continue
+        name, value = split
+        if value is None:
+            if name in value_flags:
+                if i + 1 >= len(args):
+                    value = ""
+                else:
+                    i += 1
+                    value = args[i]
+            else:
+                value = "true"
+        flags.values.setdefault(ALIASES.get(name, name), []).append(value)
+        i += 1
+    return flags, i
+
+
+@dataclass
+class Invocation:
+    """One call of the runtime: global flags, the subcommand and its own arguments."""
+
+    argv: list[str]
+    globals: Flags
+    command: str | None
+    command_index: int  # index in argv of the subcommand token (len(argv) when absent)
+
+    @property
+    def command_args(self) -> list[str]:
+        return self.argv[self.command_index + 1:]
+
+    def command_flags(self) -> Flags:
+        """Flags of the subcommand. runc lets create/delete/kill take flags after the id."""
+        cmd = self.command or ""
+        interspersed = cmd in ("create", "run", "delete", "kill")
+        flags, stop = parse_flags(self.command_args, SUBCOMMAND_VALUE_FLAGS.get(cmd, frozenset()),
+                                  interspersed=interspersed)
+        if not interspersed:
+            flags.positionals = self.command_args[stop:]
+        return flags
+
+    def with_command_flags(self, extra: list[str]) -> list[str]:
+        """argv with extra flags placed right after the subcommand token."""
+        i = self.command_index + 1
+        return self.argv[:i] + extra + self.argv[i:]
+
+
+def parse(argv: list[str]) -> Invocation:
+    """argv without the program name."""
+    flags, stop = parse_flags(argv, GLOBAL_VALUE_FLAGS)
+    command = argv[stop] if stop < len(argv) else None
+    return Invocation(argv=list(argv), globals=flags, command=command, command_index=stop)

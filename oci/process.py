@@ -1,0 +1,32 @@
+"""An exec's process spec (runc exec --process FILE): the only place its command is."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ProcessSpec:
+    args: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    cwd: str = ""
+    terminal: bool = False
+
+    def getenv(self, name: str) -> str | None:
+        prefix = name + "="
+        for item in reversed(self.env):  # the last definition wins, as in execve
+            if item.startswith(prefix):
+                return item[len(prefix):]
+        return None
+
+
+def load(path: str) -> ProcessSpec:
+    with open(path) as f:
+        spec = json.load(f)
+    return ProcessSpec(
+        args=[a for a in spec.get("args") or [] if isinstance(a, str)],
+        env=[e for e in spec.get("env") or [] if isinstance(e, str)],
+        cwd=spec.get("cwd") or "",
+        terminal=bool(spec.get("terminal")),
+    )

@@ -1,0 +1,78 @@
+"""Find the real OCI runtime and hand calls to it.
+
+Loops are the one fatal misconfiguration of a wrapper (daemon.json pointing `runc` at execgate,
+or config naming execgate itself), so every candidate is checked against our own executable and
+a marker in the environment stops a second nesting level outright.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+LOOP_MARKER = "EXECGATE_WRAPPED"
+SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class RuntimeNotFound(RuntimeError):
+    pass
+
+
+def _self_paths() -> set[str]:
+    paths = {os.path.realpath(sys.argv[0])} if sys.argv and sys.argv[0] else set()
+    which = shutil.which("execgate")
+    if which:
+        paths.add(os.path.realpath(which))
+    return paths
+
+
+def _is_execgate(path: str, own: set[str]) -> bool:
+    if os.path.realpath(path) in own:
+        return True
+    # A console-script wrapper for execgate (e.g. another venv's copy) names our entry point.
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"execgate.shim" in head
+
+
+def find(candidates: tuple[str, ...]) -> str:
+    """The first candidate that exists, is executable and is not execgate."""
+    own = _self_paths()
+    search = os.environ.get("PATH", "") + ":" + SEARCH_PATH
+    tried = []
+    for cand in candidates:
+        path = cand if "/" in cand else shutil.which(cand, path=search)
+        tried.append(path or cand)
+        if not path or not os.access(path, os.X_OK) or os.path.isdir(path):
+            continue
+        if _is_execgate(path, own):
+            tried[-1] += " (is execgate itself)"
+            continue
+        return path
+    raise RuntimeNotFound("no OCI runtime found (tried " + ", ".join(tried) + ")")
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env[LOOP_MARKER] = "1"
+    return env
+
+
+def in_loop() -> bool:
+    return os.environ.get(LOOP_MARKER) == "1"
+
+
+def execve(runtime: str, args: list[str]) -> None:
+    """Become the real runtime: same pid, same stdio, same exit status; never returns."""
+    os.execve(runtime, [runtime, *args], child_env())
+
+
+def run(runtime: str, args: list[str]) -> int:
+    """Run the real runtime as a child with our stdio and every fd (runc's --preserve-fds)."""
+    pid = os.posix_spawn(runtime, [runtime, *args], child_env())
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)

@@ -1,0 +1,445 @@
+"""Admission of tool calls by predicted memory demand (TenonAgent §3.4, ToolSched §3.2–3.3).
+
+Each tool call waits here until its predicted demand fits, so an oversubscribed host makes calls
+wait briefly instead of OOM-killing them. Pure and deterministic: no threads, no I/O, time comes
+from the injected clock. The daemon calls `submit`, `release` and `cancel` as calls come and go and
+`step` every control period (and right after submit/release) with the latest PressureReading.
+
+A call is admitted when both gates pass:
+
+* Logical budget (ToolSched §3.2): the sum of admitted charges plus this call's charge stays within
+  budget − S. The charge interpolates between predicted average and peak,
+  M̃ = (1−α)·M̂avg + α·M̂peak with α = clamp(M_admitted / M_window, 0, 1): an idle domain packs
+  calls by their average (they rarely peak together), a busy one charges peaks (no slack left to
+  absorb a coincident peak). A charge is frozen when its call is admitted.
+* Physical gate on Q(t) (TenonAgent §3.4): green admits; yellow admits only light calls (predicted
+  peak < `yellow_peak_limit_bytes`) whose peak fits the effective headroom; red admits only one
+  headroom-checked *probe* at a time, so the domain keeps making progress without a stampede.
+  Headroom used by calls admitted earlier in the same step is subtracted before the next check.
+
+Queues (ToolSched §3.3): calls with predicted peak ≥ `heavy_peak_bytes` wait in the heavy queue,
+the rest in the light queue; both share the budget. Light calls are tried first to keep capacity
+busy, and any call that fits is admitted even when an earlier one does not (no head-of-line
+blocking). To keep heavy calls from starving, the heavy queue's head (the *credit target*, chosen
+when it reaches the head and kept until it leaves) accrues protected credit at β bytes/s (default:
+10 % of the budget per second, so a call needing the whole budget is fully protected after 10 s,
+well inside the 30 s bound). Every other call must leave min(credit, target's charge) of the
+logical budget unused, so once the credit covers the target's charge, releases accumulate for it
+until it fits. A target whose predicted average exceeds the whole logical budget can never fit and
+reserves nothing (only the bounded wait will admit it).
+
+Waiting is bounded: a call queued for `max_admission_wait_s` is admitted at the next step whatever
+the state and budget (forced). Forced calls are not probes: they bypass the gates instead of
+testing them.
+
+Fairness: within a queue, calls are ordered by priority (high, normal, low), then by when their
+sandbox was last served (least recently first; a sandbox with no queued or running call is
+forgotten and ranks as never served), then FIFO. One agent issuing many calls therefore cannot
+starve the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from execgate.policy.estimate import CallInfo, Demand, Estimator
+from execgate.policy.pressure import (
+    GiB,
+    MiB,
+    PressureReading,
+    fmt_bytes,
+    predicted_remaining_growth,
+)
+from execgate.policy.pressure_state import Pressure
+
+LIGHT_QUEUE, HEAVY_QUEUE = "light", "heavy"
+_PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Tunables of admission (config.toml fills them)."""
+
+    # M_window, the admitted bytes at which α reaches 1; None = the reading's budget.
+    window_bytes: int | None = None
+    # Yellow admits only calls whose predicted peak is below this.
+    yellow_peak_limit_bytes: int = 256 * MiB
+    # Calls with predicted peak at or above this wait in the heavy queue.
+    heavy_peak_bytes: int = 1 * GiB
+    # β, the heavy target's credit rate in bytes/s; None = 10 % of the budget per second.
+    credit_rate_bytes_per_s: float | None = None
+    # Bounded wait: a call queued this long is admitted anyway (forced).
+    max_admission_wait_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.window_bytes is not None and self.window_bytes < 0:
+            raise ValueError("window_bytes must be >= 0")
+        if self.credit_rate_bytes_per_s is not None and self.credit_rate_bytes_per_s < 0:
+            raise ValueError("credit_rate_bytes_per_s must be >= 0")
+        if self.max_admission_wait_s < 0:
+            raise ValueError("max_admission_wait_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """Receipt of a submitted call: which queue it waits in and by when it will be admitted."""
+
+    call_id: str
+    queue: str  # 'light' | 'heavy'
+    demand: Demand
+    arrival: float
+    deadline: float  # arrival + max_admission_wait_s
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One admission; `reason` explains which rule let the call in."""
+
+    call_id: str
+    admitted_at: float
+    waited_s: float
+    charge_bytes: int
+    forced: bool
+    probe: bool
+    reason: str
+
+
+@dataclass
+class _Entry:
+    call: CallInfo
+    demand: Demand
+    queue: str
+    arrival: float
+    seq: int
+    charge: int = 0
+    admitted_at: float = 0.0
+    forced: bool = False
+    probe: bool = False
+
+
+def logical_charge(demand: Demand, admitted: int, window: int) -> int:
+    """M̃ = (1−α)·avg + α·peak, α = clamp(admitted / window, 0, 1), rounded up to a byte.
+
+    Integer arithmetic keeps it exact and deterministic (ToolSched §3.2).
+    """
+    avg, peak = demand.avg_bytes, demand.peak_bytes
+    if window <= 0:
+        return peak
+    used = min(max(admitted, 0), window)
+    return avg + -(-(peak - avg) * used // window)
+
+
+class Admission:
+    """Queues tool calls and admits them by charge, pressure, credit and fairness."""
+
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        estimator: Estimator,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.estimator = estimator
+        self.clock = clock
+        self._queued: dict[str, _Entry] = {}
+        self._running: dict[str, _Entry] = {}
+        self._admitted_bytes = 0
+        self._seq = 0
+        self._stamp = 0  # counts admissions; a sandbox's last stamp orders fairness
+        self._served: dict[str, int] = {}
+        self._active: dict[str, int] = {}  # sandbox -> queued + running calls
+        self._probe: str | None = None
+        self._target: str | None = None
+        self._credit = 0.0
+        self._credit_at = 0.0
+        self._last: PressureReading | None = None
+
+    # -- public API --------------------------------------------------------------------------
+
+    def submit(self, call: CallInfo) -> Ticket:
+        """Queue a call; it is admitted by a later `step`."""
+        if call.call_id in self._queued or call.call_id in self._running:
+            raise ValueError(f"call {call.call_id!r} already submitted")
+        now = self.clock()
+        arrival = now if call.arrival is None else call.arrival
+        raw = self.estimator.estimate(call)
+        peak = max(raw.peak_bytes, 0)
+        demand = Demand(min(max(raw.avg_bytes, 0), peak), peak, raw.source)
+        queue = HEAVY_QUEUE if peak >= self.config.heavy_peak_bytes else LIGHT_QUEUE
+        entry = _Entry(call, demand, queue, arrival, self._seq)
+        self._seq += 1
+        self._queued[call.call_id] = entry
+        self._active[call.sandbox] = self._active.get(call.sandbox, 0) + 1
+        if queue == HEAVY_QUEUE and self._target is None:
+            self._retarget(now)
+        return Ticket(call.call_id, queue, demand, arrival, arrival + self._max_wait)
+
+    def adopt(self, call: CallInfo, used_bytes: int) -> None:
+        """Count a call that is already running (found after a daemon restart) as admitted.
+
+        Its charge is the larger of what it uses now and its predicted average: it was admitted
+        under the old daemon, so it is not queued again, but the budget must see it.
+        """
+        if call.call_id in self._queued or call.call_id in self._running:
+            return
+        now = self.clock()
+        raw = self.estimator.estimate(call)
+        peak = max(raw.peak_bytes, used_bytes, 0)
+        demand = Demand(min(max(raw.avg_bytes, used_bytes, 0), peak), peak, "adopted")
+        queue = HEAVY_QUEUE if peak >= self.config.heavy_peak_bytes else LIGHT_QUEUE
+        entry = _Entry(call, demand, queue, now, self._seq, charge=demand.avg_bytes,
+                       admitted_at=now)
+        self._seq += 1
+        self._running[call.call_id] = entry
+        self._admitted_bytes += entry.charge
+        self._active[call.sandbox] = self._active.get(call.sandbox, 0) + 1
+
+    def release(self, call_id: str) -> bool:
+        """The call ended: free its charge (and the probe slot). A queued call is cancelled."""
+        entry = self._running.pop(call_id, None)
+        if entry is None:
+            return self._dequeue(call_id)
+        self._admitted_bytes -= entry.charge
+        if self._probe == call_id:
+            self._probe = None
+        self._forget(entry.call.sandbox)
+        return True
+
+    def cancel(self, call_id: str) -> bool:
+        """The client gave up: drop a queued call (an already admitted one is released)."""
+        if call_id in self._queued:
+            return self._dequeue(call_id)
+        return self.release(call_id)
+
+    def step(self, reading: PressureReading) -> list[Decision]:
+        """Admit every queued call that may run now, in admission order."""
+        now = self.clock()
+        self._last = reading
+        self._accrue(now, reading.budget)
+        decisions: list[Decision] = []
+        window = self._window(reading)
+
+        # Bounded wait first: forced calls bypass both gates but still use headroom below.
+        max_wait = self._max_wait
+        headroom_left = reading.effective_headroom
+        overdue = [e for e in self._queued.values() if now - e.arrival >= max_wait]
+        for entry in sorted(overdue, key=lambda e: (e.arrival, e.seq)):
+            charge = logical_charge(entry.demand, self._admitted_bytes, window)
+            waited = now - entry.arrival
+            reason = f"forced: waited {waited:.1f} s >= {max_wait:g} s (state {reading.state})"
+            decisions.append(self._admit(entry, now, charge, True, False, reason))
+            headroom_left = max(headroom_left - entry.demand.peak_bytes, 0)
+
+        logical = reading.logical_budget
+        while True:
+            admitted = None
+            for entry in self._candidates():
+                charge = logical_charge(entry.demand, self._admitted_bytes, window)
+                is_target = entry.call.call_id == self._target
+                reserve = 0 if is_target else self._reserve(window, logical)
+                if self._admitted_bytes + charge + reserve > logical:
+                    continue
+                verdict = self._physical_gate(entry, reading.state, headroom_left)
+                if verdict is None:
+                    continue
+                probe, why = verdict
+                reason = (
+                    f"{why}; charge {fmt_bytes(charge)} fits {fmt_bytes(self._admitted_bytes)}"
+                    f" admitted + {fmt_bytes(reserve)} reserved of {fmt_bytes(logical)}"
+                )
+                admitted = self._admit(entry, now, charge, False, probe, reason)
+                headroom_left = max(headroom_left - entry.demand.peak_bytes, 0)
+                break
+            if admitted is None:
+                break
+            decisions.append(admitted)
+        return decisions
+
+    def predicted_growth(self, usage: Mapping[str, int]) -> int:
+        """Growth still predicted for admitted calls, given their current bytes by call id
+        (unsampled calls count from 0); feed it to assess_pressure (TenonAgent §3.2)."""
+        return predicted_remaining_growth(
+            (e.demand.peak_bytes, usage.get(cid, 0)) for cid, e in self._running.items()
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-ready view for `execgatectl status`: queues, running calls, charges, credit."""
+        now = self.clock()
+        last = self._last
+        window = self._window(last) if last is not None else None
+        credit = self._credit
+        if self._target is not None and last is not None:
+            credit = self._credit_now(now, last.budget)
+
+        def charge_now(e: _Entry) -> int | None:
+            if window is None:
+                return None
+            return logical_charge(e.demand, self._admitted_bytes, window)
+
+        def demand(e: _Entry) -> dict[str, Any]:
+            d = e.demand
+            return {"avg_bytes": d.avg_bytes, "peak_bytes": d.peak_bytes, "source": d.source}
+
+        return {
+            "now": now,
+            "state": str(last.state) if last is not None else None,
+            "reason": last.reason if last is not None else None,
+            "budget": last.budget if last is not None else None,
+            "logical_budget": last.logical_budget if last is not None else None,
+            "admitted_bytes": self._admitted_bytes,
+            "alpha": self._alpha(window),
+            "probe": self._probe,
+            "credit": {
+                "target": self._target,
+                "bytes": int(credit) if self._target is not None else 0,
+                "rate_bytes_per_s": self._rate(last.budget) if last is not None else None,
+            },
+            "queued": [
+                {
+                    "call_id": e.call.call_id,
+                    "sandbox": e.call.sandbox,
+                    "queue": e.queue,
+                    "priority": e.call.priority,
+                    "argv": list(e.call.argv),
+                    "demand": demand(e),
+                    "charge_bytes": charge_now(e),
+                    "waited_s": max(now - e.arrival, 0.0),
+                    "deadline": e.arrival + self._max_wait,
+                }
+                for e in self._candidates()
+            ],
+            "running": [
+                {
+                    "call_id": e.call.call_id,
+                    "sandbox": e.call.sandbox,
+                    "queue": e.queue,
+                    "demand": demand(e),
+                    "charge_bytes": e.charge,
+                    "admitted_at": e.admitted_at,
+                    "waited_s": max(e.admitted_at - e.arrival, 0.0),
+                    "running_s": max(now - e.admitted_at, 0.0),
+                    "forced": e.forced,
+                    "probe": e.probe,
+                }
+                for e in self._running.values()
+            ],
+        }
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @property
+    def _max_wait(self) -> float:
+        return self.config.max_admission_wait_s
+
+    def _window(self, reading: PressureReading) -> int:
+        w = self.config.window_bytes
+        return reading.budget if w is None else w
+
+    def _alpha(self, window: int | None) -> float | None:
+        if window is None:
+            return None
+        return min(self._admitted_bytes / window, 1.0) if window > 0 else 1.0
+
+    def _rate(self, budget: int) -> float:
+        rate = self.config.credit_rate_bytes_per_s
+        return budget / 10 if rate is None else rate
+
+    def _key(self, e: _Entry) -> tuple[int, int, int]:
+        return (_PRIORITY_RANK[e.call.priority], self._served.get(e.call.sandbox, 0), e.seq)
+
+    def _candidates(self) -> Iterator[_Entry]:
+        """Light queue in fairness order, then the heavy credit target, then the other heavy."""
+        light = [e for e in self._queued.values() if e.queue == LIGHT_QUEUE]
+        heavy = [e for e in self._queued.values() if e.queue == HEAVY_QUEUE]
+        yield from sorted(light, key=self._key)
+        heavy.sort(key=lambda e: (e.call.call_id != self._target, self._key(e)))
+        yield from heavy
+
+    def _physical_gate(
+        self, entry: _Entry, state: Pressure, headroom: int
+    ) -> tuple[bool, str] | None:
+        """(probe, why) if Q(t) lets this call in, else None (TenonAgent §3.4)."""
+        peak = entry.demand.peak_bytes
+        if state is Pressure.GREEN:
+            # Green still respects current headroom: calls admitted in this step, or since the
+            # last sample, have not grown yet. A call larger than all headroom goes alone.
+            if peak <= headroom:
+                return False, f"green: peak {fmt_bytes(peak)} fits headroom {fmt_bytes(headroom)}"
+            if not self._running:
+                return False, f"green, nothing running: peak {fmt_bytes(peak)} goes alone"
+            return None
+        if state is Pressure.YELLOW:
+            limit = self.config.yellow_peak_limit_bytes
+            if peak < limit and peak <= headroom:
+                return False, (
+                    f"yellow: light peak {fmt_bytes(peak)} < {fmt_bytes(limit)} fits "
+                    f"effective headroom {fmt_bytes(headroom)}"
+                )
+            return None
+        if self._probe is None and peak <= headroom:
+            return True, f"red probe: peak {fmt_bytes(peak)} fits headroom {fmt_bytes(headroom)}"
+        return None
+
+    def _admit(
+        self, entry: _Entry, now: float, charge: int, forced: bool, probe: bool, reason: str
+    ) -> Decision:
+        cid = entry.call.call_id
+        del self._queued[cid]
+        entry.charge, entry.admitted_at, entry.forced, entry.probe = charge, now, forced, probe
+        self._running[cid] = entry
+        self._admitted_bytes += charge
+        if probe:
+            self._probe = cid
+        self._stamp += 1
+        self._served[entry.call.sandbox] = self._stamp
+        if cid == self._target:
+            self._retarget(now)
+        return Decision(cid, now, max(now - entry.arrival, 0.0), charge, forced, probe, reason)
+
+    def _dequeue(self, call_id: str) -> bool:
+        entry = self._queued.pop(call_id, None)
+        if entry is None:
+            return False
+        if call_id == self._target:
+            self._retarget(self.clock())
+        self._forget(entry.call.sandbox)
+        return True
+
+    def _forget(self, sandbox: str) -> None:
+        """Drop fairness state of a sandbox with nothing queued or running (bounded memory)."""
+        left = self._active.get(sandbox, 0) - 1
+        if left > 0:
+            self._active[sandbox] = left
+        else:
+            self._active.pop(sandbox, None)
+            self._served.pop(sandbox, None)
+
+    def _retarget(self, now: float) -> None:
+        """The next heavy head becomes the credit target, starting from zero credit."""
+        heavy = [e for e in self._queued.values() if e.queue == HEAVY_QUEUE]
+        self._target = min(heavy, key=self._key).call.call_id if heavy else None
+        self._credit = 0.0
+        self._credit_at = now
+
+    def _credit_now(self, now: float, budget: int) -> float:
+        assert self._target is not None
+        cap = self._queued[self._target].demand.peak_bytes
+        gained = self._rate(budget) * max(now - self._credit_at, 0.0)
+        return min(self._credit + gained, float(cap))
+
+    def _accrue(self, now: float, budget: int) -> None:
+        if self._target is not None:
+            self._credit = self._credit_now(now, budget)
+        self._credit_at = now
+
+    def _reserve(self, window: int, logical: int) -> int:
+        """Bytes the credit target holds back from every other call (ToolSched §3.3)."""
+        if self._target is None:
+            return 0
+        target = self._queued[self._target]
+        if target.demand.avg_bytes > logical:  # can never fit: leave it to the bounded wait
+            return 0
+        charge = logical_charge(target.demand, self._admitted_bytes, window)
+        return min(int(self._credit), charge)

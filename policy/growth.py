@@ -1,0 +1,628 @@
+"""The growth gate's controller (TenonAgent §3.5, Algorithm 1): how fast running calls may grow.
+
+Memory a tool call has already allocated cannot be taken back by throttling, but its *next*
+allocations can be delayed by not giving its tasks CPU (sched_ext parks the tasks of cgroups
+marked deny; cgroup.freeze is the fallback). Every period (100 ms) the daemon samples each live
+tool-call cgroup and asks this controller which calls may run until the next period.
+
+Pure and I/O-free on purpose: the clock and the samples are injected, so the whole algorithm is
+replayable from a recorded trace and testable without cgroups, BPF or sleeps.
+
+Per call c the controller keeps an EWMA ĝ_c of the footprint's growth rate (bytes/s) over *valid*
+intervals only, derives a state and a projected demand d_c = max(ĝ_c, 0) · horizon, and then,
+from one snapshot of all calls, the host's headroom H and the pressure state Q:
+
+* GREEN: every live call runs.
+* YELLOW: zero-demand calls (Resident, Cooling) run; at most ``b`` growing calls run, and their
+  demand must fit in H. ``b`` follows AIMD: +1 per 5 s of continuous green, halved once per
+  observed pressure increase.
+* RED: zero-demand calls run; at most one growing call runs as a headroom-checked probe.
+
+Growing calls compete for the slots every period (first-fit, in priority order). A call denied
+less than D_min ago stays denied; one denied for D_max or more is overdue and checked first; one
+just re-admitted keeps first place for a grace period, so that neither side of a flip can be
+undone at once. In green everything runs, D_min included: there is nothing to protect.
+
+States and transitions (the base state is a pure function of ĝ; only the pause is sticky):
+
+* no valid sample yet: rate is taken as d_boot / horizon (16 MiB/s by default) -> Growing;
+* ĝ > +threshold -> Growing; |ĝ| ≤ threshold -> Resident; ĝ < -threshold -> Cooling;
+* Growing --denied--> PausedGrowing. A parked call gets no CPU, so its samples are invalid and ĝ
+  is frozen: it stays PausedGrowing until allowed (-> Growing, then re-classified by new valid
+  samples), or until valid samples taken while denied move ĝ into Resident/Cooling.
+
+Safety: sched_ext ejects the whole scheduler if a runnable task waits longer than its watchdog
+timeout (at most 30 s), so a call continuously denied for ``max_hold_s`` is forced to run for at
+least one period whatever the pressure (the *hold cap*).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from execgate.policy.pressure_state import Pressure
+
+MiB = 1 << 20
+
+# The kernel's ceiling on the sched_ext watchdog timeout (SCX_WATCHDOG_MAX_TIMEOUT = 30 s): the
+# hold cap must stay below it or a parked task gets the scheduler ejected.
+SCX_WATCHDOG_MAX_S = 30.0
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class GrowthConfig:
+    """Every tunable of the growth gate (TenonAgent Table 5 defaults)."""
+
+    # The daemon's sampling/decision period; informational for callers, the controller itself
+    # measures real intervals.
+    period_s: float = 0.1
+    # EWMA weight of the newest valid growth sample.
+    ewma_alpha: float = 0.35
+    # |ĝ| at or below this is noise (page cache, allocator slack): Resident, not Growing/Cooling.
+    growth_threshold_bps: float = 4 * MiB
+    # Demand is projected this far ahead: d = max(ĝ, 0) · horizon.
+    horizon_s: float = 1.0
+    # Demand assumed before the first valid sample (a new call is presumed to grow).
+    boot_demand_bytes: int = 16 * MiB
+    # Kept free for the kernel and everything else: H = max(MemAvailable - reserve, 0).
+    headroom_reserve_bytes: int = 256 * MiB
+    # AIMD on the yellow slot budget b.
+    budget_initial: int = 1
+    budget_max: int = 4
+    budget_increase_after_s: float = 5.0
+    # D_min: a call denied less than this ago stays denied (anti-flapping).
+    min_deny_s: float = 1.0
+    # D_max: a call denied at least this long is overdue and is checked first.
+    overdue_after_s: float = 3.0
+    # The other half of anti-flapping: a call re-admitted after a denial is checked ahead of
+    # the overdue ones for this long, so several overdue calls don't preempt each other every
+    # period (each flip voids a sample, so ĝ would never update). Slots and H still apply.
+    readmit_grace_s: float = 1.0
+    # Hold cap: a call continuously denied this long is forced to run for a period.
+    max_hold_s: float = 20.0
+    # Last resort (ToolSched §3.4): red for this long with headroom below critical -> kill one.
+    last_resort_after_s: float = 2.0
+    critical_headroom_bytes: int = 64 * MiB
+    # Run time floor in (U - D) / T, so a call that just started doesn't get an infinite score.
+    min_run_time_s: float = 0.1
+    # Summaries of vanished calls kept until finished() collects them (bounded: never leak).
+    finished_buffer: int = 1024
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ewma_alpha <= 1.0:
+            raise ValueError("ewma_alpha must be in (0, 1]")
+        if self.growth_threshold_bps < 0:
+            raise ValueError("growth_threshold_bps must be >= 0")
+        if self.horizon_s <= 0 or self.period_s <= 0 or self.min_run_time_s <= 0:
+            raise ValueError("horizon_s, period_s and min_run_time_s must be > 0")
+        if self.boot_demand_bytes < 0 or self.headroom_reserve_bytes < 0:
+            raise ValueError("boot_demand_bytes and headroom_reserve_bytes must be >= 0")
+        if not 1 <= self.budget_initial <= self.budget_max:
+            raise ValueError("need 1 <= budget_initial <= budget_max")
+        if self.budget_increase_after_s <= 0:
+            raise ValueError("budget_increase_after_s must be > 0")
+        if not 0 <= self.min_deny_s <= self.overdue_after_s <= self.max_hold_s:
+            raise ValueError("need 0 <= min_deny_s <= overdue_after_s <= max_hold_s")
+        if self.readmit_grace_s < 0:
+            raise ValueError("readmit_grace_s must be >= 0")
+        if not 0 < self.max_hold_s < SCX_WATCHDOG_MAX_S:
+            raise ValueError(f"max_hold_s must be in (0, {SCX_WATCHDOG_MAX_S}) s")
+        if self.last_resort_after_s < 0 or self.critical_headroom_bytes < 0:
+            raise ValueError("last_resort_after_s and critical_headroom_bytes must be >= 0")
+        if self.finished_buffer < 0:
+            raise ValueError("finished_buffer must be >= 0")
+
+
+class CallState(enum.StrEnum):
+    GROWING = "growing"
+    RESIDENT = "resident"
+    COOLING = "cooling"
+    PAUSED_GROWING = "paused_growing"
+
+
+# Tie-break among calls checked in the same group: the ones that don't grow go first.
+_STATE_RANK = {CallState.RESIDENT: 0, CallState.COOLING: 1, CallState.GROWING: 2}
+
+
+class Reason(enum.StrEnum):
+    """Why a call was allowed or denied this period (for logs, metrics and feedback)."""
+
+    GREEN = "green"  # no pressure: everything runs
+    ZERO_DEMAND = "zero_demand"  # Resident/Cooling: not growing, never held
+    ADMITTED = "admitted"  # yellow: within the slot budget b and the headroom
+    PROBE = "probe"  # red: the single headroom-checked probe
+    HOLD_CAP = "hold_cap"  # forced: denied for max_hold_s (sched_ext watchdog safety)
+    MIN_DENY = "min_deny"  # denied less than D_min ago (anti-flapping)
+    NO_SLOT = "no_slot"  # the b slots (yellow) or the probe (red) are taken
+    NO_HEADROOM = "no_headroom"  # its demand doesn't fit in what is left of H
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One period's reading of one tool-call cgroup.
+
+    ``memory_bytes`` is the footprint (memory.current + memory.swap.current), ``cpu_usec`` is
+    cpu.stat usage_usec. ``started_at`` and ``sampled_at`` are on the controller's clock;
+    ``sampled_at`` defaults to the time of the update() that receives the sample.
+    """
+
+    call_id: str
+    memory_bytes: int
+    cpu_usec: int
+    declared_bytes: int | None = None
+    started_at: float = 0.0
+    sampled_at: float | None = None
+
+
+@dataclass(frozen=True)
+class CallDecision:
+    """The decision for one call, with what it was based on."""
+
+    call_id: str
+    allow: bool
+    reason: Reason
+    state: CallState
+    growth_bps: float | None  # ĝ; None until the first valid sample
+    demand_bytes: int  # d over the horizon (d_boot until the first valid sample)
+    overdue: bool  # checked first because denied >= D_max
+    forced: bool  # allowed by the hold cap, whatever the pressure
+    denied_for_s: float  # length of the current denial episode before this decision
+    held_s: float  # total time held so far
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """One period's output: a permission for every live call, from one snapshot."""
+
+    at: float
+    pressure: Pressure
+    headroom_bytes: int
+    budget: int  # b, the yellow slot budget (reported in every state)
+    slot_limit: int | None  # growing calls allowed this period; None = unlimited (green)
+    allow: dict[str, bool]
+    calls: dict[str, CallDecision]
+    order: tuple[str, ...] = ()  # the order in which eligible calls were checked
+    vanished: tuple[str, ...] = ()  # gone since last period: collect them with finished()
+
+    @property
+    def denied(self) -> frozenset[str]:
+        return frozenset(cid for cid, ok in self.allow.items() if not ok)
+
+    @property
+    def forced(self) -> frozenset[str]:
+        return frozenset(cid for cid, d in self.calls.items() if d.forced)
+
+
+@dataclass(frozen=True)
+class CallSummary:
+    """What the gate did to one call over its life, returned once when it is finished."""
+
+    call_id: str
+    started_at: float
+    ended_at: float
+    held_s: float
+    episodes: int  # number of denial episodes
+    longest_hold_s: float
+    forced_allows: int
+    valid_samples: int
+    invalid_samples: int
+    last_state: CallState
+    last_growth_bps: float | None
+
+    @property
+    def run_time_s(self) -> float:
+        return max(self.ended_at - self.started_at, 0.0)
+
+    def feedback(self) -> str:
+        """The agent-facing line: lets it tell a slow tool from a held one."""
+        return f"held {self.held_s:.1f} of {self.run_time_s:.1f} s"
+
+
+@dataclass(frozen=True)
+class Victim:
+    """The last-resort pick, with the numbers that made it the pick (for the kill log)."""
+
+    call_id: str
+    excess_bytes: int  # U - D
+    run_time_s: float  # T (floored)
+    score: float  # (U - D) / T, bytes/s
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: str
+    started_at: float
+    last_seen: float
+    last_memory: int
+    last_cpu: int
+    last_sampled: float
+    growth: float | None = None
+    valid_samples: int = 0
+    invalid_samples: int = 0
+    # The published permission. New cgroups are not in the deny map, so they start allowed.
+    allowed: bool = True
+    perm_changed: bool = False  # the last decision flipped the permission
+    deny_since: float | None = None
+    readmitted_at: float | None = None  # last deny -> allow flip
+    decided_at: float | None = None
+    held_s: float = 0.0
+    episodes: int = 0
+    longest_hold_s: float = 0.0
+    forced_allows: int = 0
+    state: CallState = CallState.GROWING
+    demand: int = 0
+
+
+def headroom(mem_available: int, config: GrowthConfig) -> int:
+    """H = max(MemAvailable - reserve, 0)."""
+    return max(mem_available - config.headroom_reserve_bytes, 0)
+
+
+def pick_last_resort_victim(
+    samples: Iterable[Sample],
+    *,
+    now: float,
+    red_for_s: float,
+    headroom_bytes: int,
+    config: GrowthConfig | None = None,
+) -> Victim | None:
+    """ToolSched §3.4: the tool call to kill when the host is about to OOM, or None.
+
+    Only when red has persisted ``last_resort_after_s`` and H is below the critical level. The
+    victim has the largest (U - D) / T: usage above its declared demand per second of run time,
+    i.e. the call that overran its declaration fastest. Callers pass tool calls only (never the
+    container's init or the agent). Calls within their declaration (U - D <= 0) never qualify.
+    """
+    cfg = config or GrowthConfig()
+    if red_for_s < cfg.last_resort_after_s or headroom_bytes >= cfg.critical_headroom_bytes:
+        return None
+    best: Victim | None = None
+    for s in samples:
+        excess = s.memory_bytes - (s.declared_bytes or 0)
+        if excess <= 0:
+            continue
+        run = max(now - s.started_at, cfg.min_run_time_s)
+        cand = Victim(s.call_id, excess, run, excess / run)
+        if best is None or (-cand.score, -cand.excess_bytes, cand.call_id) < (
+            -best.score,
+            -best.excess_bytes,
+            best.call_id,
+        ):
+            best = cand
+    return best
+
+
+class GrowthController:
+    """TenonAgent Algorithm 1. Call update() once per period with a sample of every live call."""
+
+    def __init__(self, config: GrowthConfig | None = None, clock: Clock = time.monotonic):
+        self.config = config or GrowthConfig()
+        self._clock = clock
+        self._calls: dict[str, _Call] = {}
+        self._done: OrderedDict[str, CallSummary] = OrderedDict()
+        self._budget = self.config.budget_initial
+        self._pressure: Pressure | None = None
+        self._green_since: float | None = None
+        self._red_since: float | None = None
+        self._last_update: float | None = None
+
+    @property
+    def budget(self) -> int:
+        return self._budget
+
+    # -- the period -------------------------------------------------------------------------
+
+    def update(
+        self, samples: Iterable[Sample], pressure: Pressure, mem_available: int
+    ) -> GateDecision:
+        """Decide allow/deny for every sampled call; calls missing from ``samples`` are gone."""
+        now = self._clock()
+        cfg = self.config
+        batch: dict[str, Sample] = {}
+        for s in samples:
+            if s.call_id in batch:
+                raise ValueError(f"duplicate sample for {s.call_id}")
+            batch[s.call_id] = s
+
+        self._observe_pressure(pressure, now)
+        vanished = tuple(sorted(cid for cid in self._calls if cid not in batch))
+        for cid in vanished:
+            c = self._calls.pop(cid)
+            self._stash(self._summary(c, ended_at=c.last_seen))
+
+        denied_for: dict[str, float] = {}
+        for cid, s in batch.items():
+            c = self._calls.get(cid)
+            if c is None:
+                c = self._calls[cid] = self._new_call(s, now)
+            else:
+                self._observe_sample(c, s, now)
+            denied_for[cid] = self._accrue_hold(c, now)
+            c.state, c.demand = self._classify(c.growth)
+
+        H = headroom(mem_available, cfg)
+        if pressure == Pressure.GREEN:
+            slot_limit = None
+            verdicts = {cid: (True, Reason.GREEN) for cid in batch}
+            order: tuple[str, ...] = ()
+            overdue: set[str] = set()
+        else:
+            slot_limit = self._budget if pressure == Pressure.YELLOW else 1
+            verdicts, order, overdue = self._gate(batch, denied_for, pressure, H, slot_limit, now)
+
+        calls: dict[str, CallDecision] = {}
+        for cid in batch:
+            c = self._calls[cid]
+            ok, reason = verdicts[cid]
+            self._commit(c, ok, reason, now)
+            calls[cid] = CallDecision(
+                call_id=cid,
+                allow=ok,
+                reason=reason,
+                state=c.state,
+                growth_bps=c.growth,
+                demand_bytes=c.demand,
+                overdue=cid in overdue,
+                forced=reason == Reason.HOLD_CAP,
+                denied_for_s=denied_for[cid],
+                held_s=c.held_s,
+            )
+        self._last_update = now
+        return GateDecision(
+            at=now,
+            pressure=pressure,
+            headroom_bytes=H,
+            budget=self._budget,
+            slot_limit=slot_limit,
+            allow={cid: d.allow for cid, d in calls.items()},
+            calls=calls,
+            order=order,
+            vanished=vanished,
+        )
+
+    def _observe_pressure(self, pressure: Pressure, now: float) -> None:
+        """AIMD on b: multiplicative decrease per pressure *increase*, additive per green span."""
+        cfg = self.config
+        prev = self._pressure
+        if prev is not None and pressure > prev:
+            # Once per observed increase (green->red counts once), not per period spent high.
+            self._budget = max(1, self._budget // 2)
+        if pressure == Pressure.GREEN:
+            if self._green_since is None:
+                self._green_since = now
+            while now - self._green_since >= cfg.budget_increase_after_s:
+                self._budget = min(cfg.budget_max, self._budget + 1)
+                self._green_since += cfg.budget_increase_after_s
+        else:
+            self._green_since = None
+        if pressure == Pressure.RED:
+            if self._red_since is None:
+                self._red_since = now
+        else:
+            self._red_since = None
+        self._pressure = pressure
+
+    def _new_call(self, s: Sample, now: float) -> _Call:
+        t = now if s.sampled_at is None else s.sampled_at
+        return _Call(
+            call_id=s.call_id,
+            started_at=s.started_at,
+            last_seen=now,
+            last_memory=s.memory_bytes,
+            last_cpu=s.cpu_usec,
+            last_sampled=t,
+        )
+
+    def _observe_sample(self, c: _Call, s: Sample, now: float) -> None:
+        """Fold the interval since the previous sample into ĝ, if it says anything about growth.
+
+        An interval in which the permission flipped mixes run and park (plus the catch-up burst
+        after unparking), and one without CPU time says nothing about how fast the call grows
+        when it runs; both would drag ĝ toward noise, so they are skipped.
+        """
+        t = now if s.sampled_at is None else s.sampled_at
+        dt = t - c.last_sampled
+        if not c.perm_changed and s.cpu_usec > c.last_cpu and dt > 0:
+            g = (s.memory_bytes - c.last_memory) / dt
+            a = self.config.ewma_alpha
+            # Seeded with the first observation: starting from 0 would hide a fast grower.
+            c.growth = g if c.growth is None else a * g + (1.0 - a) * c.growth
+            c.valid_samples += 1
+        else:
+            c.invalid_samples += 1
+        c.last_memory, c.last_cpu, c.last_sampled = s.memory_bytes, s.cpu_usec, t
+        c.last_seen = now
+
+    def _accrue_hold(self, c: _Call, now: float) -> float:
+        """Charge the time held since the last decision; returns the current episode's length."""
+        if c.allowed or c.deny_since is None:
+            return 0.0
+        if c.decided_at is not None:
+            c.held_s += max(now - c.decided_at, 0.0)
+            c.decided_at = now
+        episode = max(now - c.deny_since, 0.0)
+        c.longest_hold_s = max(c.longest_hold_s, episode)
+        return episode
+
+    def _classify(self, growth: float | None) -> tuple[CallState, int]:
+        cfg = self.config
+        if growth is None:
+            rate = cfg.boot_demand_bytes / cfg.horizon_s
+            demand = cfg.boot_demand_bytes
+        else:
+            rate = growth
+            demand = math.ceil(max(growth, 0.0) * cfg.horizon_s)
+        if rate > cfg.growth_threshold_bps:
+            return CallState.GROWING, demand
+        if rate < -cfg.growth_threshold_bps:
+            return CallState.COOLING, demand
+        return CallState.RESIDENT, demand
+
+    def _gate(
+        self,
+        batch: dict[str, Sample],
+        denied_for: dict[str, float],
+        pressure: Pressure,
+        H: int,
+        slot_limit: int,
+        now: float,
+    ) -> tuple[dict[str, tuple[bool, Reason]], tuple[str, ...], set[str]]:
+        """Yellow/red: forced calls, then anti-flap holds, then eligible calls in priority order.
+
+        Zero-demand calls are unconditional, so their (small, ≤ threshold · horizon) demand is
+        reserved from H before any growing call is checked; growing calls then get the slots
+        and the rest of H first-fit in order: calls re-admitted less than readmit_grace_s ago,
+        then overdue ones, then the rest; within a group Resident, Cooling, Growing, then
+        smaller demand, then id. A running call has no other claim on its slot: the smallest
+        demand wins, and waiting calls get their turn by becoming overdue.
+        """
+        cfg = self.config
+        verdicts: dict[str, tuple[bool, Reason]] = {}
+        remaining = H
+        slots = 0
+        eligible: list[tuple[tuple[int, int, int, str], _Call]] = []
+        overdue: set[str] = set()
+        for cid in sorted(batch):
+            c = self._calls[cid]
+            growing = c.state == CallState.GROWING
+            if not c.allowed:
+                held = denied_for[cid]
+                if held >= cfg.max_hold_s:
+                    verdicts[cid] = (True, Reason.HOLD_CAP)
+                    remaining -= c.demand
+                    if growing:
+                        slots += 1
+                    continue
+                if held < cfg.min_deny_s:
+                    verdicts[cid] = (False, Reason.MIN_DENY)
+                    continue
+                if held >= cfg.overdue_after_s:
+                    overdue.add(cid)
+                group = 1 if cid in overdue else 2
+            elif c.readmitted_at is not None and now - c.readmitted_at < cfg.readmit_grace_s:
+                group = 0
+            else:
+                group = 2
+            eligible.append(((group, _STATE_RANK[c.state], c.demand, cid), c))
+        eligible.sort(key=lambda kc: kc[0])
+
+        for _, c in eligible:
+            if c.state != CallState.GROWING:
+                verdicts[c.call_id] = (True, Reason.ZERO_DEMAND)
+                remaining -= c.demand
+        admit = Reason.ADMITTED if pressure == Pressure.YELLOW else Reason.PROBE
+        for _, c in eligible:
+            if c.state != CallState.GROWING:
+                continue
+            if slots >= slot_limit:
+                verdicts[c.call_id] = (False, Reason.NO_SLOT)
+            elif c.demand > remaining:
+                verdicts[c.call_id] = (False, Reason.NO_HEADROOM)
+            else:
+                verdicts[c.call_id] = (True, admit)
+                slots += 1
+                remaining -= c.demand
+        return verdicts, tuple(c.call_id for _, c in eligible), overdue
+
+    def _commit(self, c: _Call, ok: bool, reason: Reason, now: float) -> None:
+        """Publish the decision into the call's record: episodes, forced count, paused state."""
+        c.perm_changed = ok != c.allowed
+        if not ok and c.allowed:
+            c.deny_since = now
+            c.episodes += 1
+        elif ok and not c.allowed:
+            c.deny_since = None
+            c.readmitted_at = now
+        if reason == Reason.HOLD_CAP:
+            c.forced_allows += 1
+        c.allowed = ok
+        c.decided_at = now
+        if not ok and c.state == CallState.GROWING:
+            c.state = CallState.PAUSED_GROWING
+
+    # -- lifecycle and introspection ---------------------------------------------------------
+
+    def finished(self, call_id: str) -> CallSummary | None:
+        """Forget a call and return its summary, once; None if unknown or already returned.
+
+        For a live call the hold is charged up to now (the caller says it ends now); for one that
+        already vanished from the samples, up to the last period it was seen in.
+        """
+        c = self._calls.pop(call_id, None)
+        if c is not None:
+            now = self._clock()
+            self._accrue_hold(c, now)
+            return self._summary(c, ended_at=now)
+        return self._done.pop(call_id, None)
+
+    def _stash(self, summary: CallSummary) -> None:
+        if self.config.finished_buffer == 0:
+            return
+        self._done[summary.call_id] = summary
+        while len(self._done) > self.config.finished_buffer:
+            self._done.popitem(last=False)
+
+    @staticmethod
+    def _summary(c: _Call, ended_at: float) -> CallSummary:
+        return CallSummary(
+            call_id=c.call_id,
+            started_at=c.started_at,
+            ended_at=ended_at,
+            held_s=c.held_s,
+            episodes=c.episodes,
+            longest_hold_s=c.longest_hold_s,
+            forced_allows=c.forced_allows,
+            valid_samples=c.valid_samples,
+            invalid_samples=c.invalid_samples,
+            last_state=c.state,
+            last_growth_bps=c.growth,
+        )
+
+    def last_resort_victim(self, samples: Iterable[Sample], mem_available: int) -> Victim | None:
+        """pick_last_resort_victim() with the red streak this controller has observed."""
+        now = self._clock()
+        red_for = 0.0 if self._red_since is None else now - self._red_since
+        return pick_last_resort_victim(
+            samples,
+            now=now,
+            red_for_s=red_for,
+            headroom_bytes=headroom(mem_available, self.config),
+            config=self.config,
+        )
+
+    def snapshot(self) -> dict[str, object]:
+        """JSON-ready state for execgatectl and metrics (as of the last update)."""
+        at = self._last_update
+        calls: dict[str, object] = {}
+        for cid, c in sorted(self._calls.items()):
+            episode = 0.0 if c.allowed or c.deny_since is None or at is None else at - c.deny_since
+            calls[cid] = {
+                "state": str(c.state),
+                "allowed": c.allowed,
+                "growth_bps": c.growth,
+                "demand_bytes": c.demand,
+                "denied_for_s": episode,
+                "held_s": c.held_s,
+                "episodes": c.episodes,
+                "longest_hold_s": c.longest_hold_s,
+                "forced_allows": c.forced_allows,
+                "valid_samples": c.valid_samples,
+                "invalid_samples": c.invalid_samples,
+                "started_at": c.started_at,
+            }
+        return {
+            "at": at,
+            "pressure": None if self._pressure is None else str(self._pressure),
+            "budget": self._budget,
+            "green_since": self._green_since,
+            "red_since": self._red_since,
+            "calls": calls,
+            "finished_pending": list(self._done),
+        }

@@ -1,0 +1,174 @@
+"""The global memory-pressure state Q(t) of a workload domain (TenonAgent §3.2).
+
+Pure and I/O-free: the daemon samples the domain every control period (100 ms) and hands the
+numbers to `assess_pressure`; the result feeds admission (TenonAgent §3.4) and the growth gate.
+
+The state is derived from *usable headroom* H = max(available − S, 0), where the safety margin S
+keeps the kernel's own reclaim room out of the schedulable pool. The budget is cut into regions:
+red while H ≤ red_fraction · budget, yellow while H ≤ (red_fraction + yellow_fraction) · budget,
+green above. A reading at exactly a boundary takes the worse state (red wins ties), which also
+makes an empty domain (budget 0, H 0) red rather than green.
+
+Usage alone reacts late: calls already admitted keep growing toward their predicted peaks. So the
+state is evaluated a second time on the *effective headroom* H − predicted_growth and the worse of
+the two is kept; the domain turns yellow before usage alone shows it (TenonAgent §3.2).
+
+PSI is an optional, off-by-default corroborating signal: `some avg10` above a threshold raises the
+state to at least yellow (or red). It is off by default because avg10 lags by seconds and is not
+available on every host; byte headroom is the primary signal. There is deliberately no
+hysteresis: each reading is a pure function of its sample, and its `reason` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from execgate.policy.pressure_state import Pressure
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class PressureConfig:
+    """Tunables of the pressure state (config.toml fills them; defaults from TenonAgent §3.2)."""
+
+    # S: bytes of available memory never counted as headroom (kernel reclaim room, page cache).
+    safety_margin_bytes: int = 256 * MiB
+    # Size of the red region, as a fraction of the budget: red while H ≤ this · budget.
+    red_fraction: float = 0.125
+    # Size of the yellow region above red: yellow while H ≤ (red + yellow) · budget.
+    yellow_fraction: float = 0.125
+    # PSI memory `some avg10` (percent) above which the state is at least yellow / red.
+    # None disables the rule (the default; see the module docstring).
+    psi_yellow_some_avg10: float | None = None
+    psi_red_some_avg10: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.safety_margin_bytes < 0:
+            raise ValueError("safety_margin_bytes must be >= 0")
+        if self.red_fraction < 0 or self.yellow_fraction < 0:
+            raise ValueError("red_fraction and yellow_fraction must be >= 0")
+        if self.red_fraction + self.yellow_fraction > 1:
+            raise ValueError("red_fraction + yellow_fraction must be <= 1")
+
+
+@dataclass(frozen=True)
+class PressureReading:
+    """One explainable evaluation of Q(t); admission reads state, budget and headroom from it."""
+
+    state: Pressure
+    # H = max(available − S, 0).
+    headroom: int
+    # max(H − predicted_growth, 0): what is left once admitted calls reach their predicted peaks.
+    effective_headroom: int
+    # Human-readable cause of `state` (for logs and `execgatectl status`).
+    reason: str
+    # The domain's total bytes and the margin S, so admission can derive its logical budget.
+    budget: int
+    safety_margin: int
+    # The raw inputs, kept for explanation.
+    available: int = 0
+    predicted_growth: int = 0
+    psi_some_avg10: float | None = None
+
+    @property
+    def logical_budget(self) -> int:
+        """budget − S: what admission may hand out as logical charges (TenonAgent §3.4)."""
+        return max(self.budget - self.safety_margin, 0)
+
+
+def fmt_bytes(n: float) -> str:
+    """Short human form for reasons: 512 MiB, 1.5 GiB, 300 B."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            text = f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+            return f"{sign}{text} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
+def _region(headroom: int, red_limit: int, yellow_limit: int) -> Pressure:
+    # Boundaries belong to the worse state: red wins ties.
+    if headroom <= red_limit:
+        return Pressure.RED
+    if headroom <= yellow_limit:
+        return Pressure.YELLOW
+    return Pressure.GREEN
+
+
+def assess_pressure(
+    config: PressureConfig,
+    available: int,
+    budget: int,
+    *,
+    predicted_growth: int = 0,
+    psi_some_avg10: float | None = None,
+) -> PressureReading:
+    """Classify one sample of the domain into green / yellow / red (TenonAgent §3.2).
+
+    available: free bytes of the domain (MemAvailable, or a parent cgroup's max − current; may be
+    negative when the parent is over its limit). budget: the domain's total bytes.
+    predicted_growth: bytes the already-admitted calls are still predicted to grow by (see
+    `predicted_remaining_growth`). psi_some_avg10: PSI memory `some avg10`, if known.
+    """
+    if budget < 0:
+        raise ValueError("budget must be >= 0")
+    margin = config.safety_margin_bytes
+    growth = max(predicted_growth, 0)
+    headroom = max(available - margin, 0)
+    effective = max(headroom - growth, 0)
+    red_limit = int(budget * config.red_fraction)
+    yellow_limit = int(budget * (config.red_fraction + config.yellow_fraction))
+
+    by_usage = _region(headroom, red_limit, yellow_limit)
+    by_growth = _region(effective, red_limit, yellow_limit)
+    state = max(by_usage, by_growth)
+    limit = red_limit if state is Pressure.RED else yellow_limit
+    if by_growth > by_usage:
+        reason = (
+            f"{state}: effective headroom {fmt_bytes(effective)} (headroom {fmt_bytes(headroom)}"
+            f" - predicted growth {fmt_bytes(growth)}) <= {state} limit {fmt_bytes(limit)}"
+        )
+    elif state is Pressure.GREEN:
+        reason = (
+            f"green: effective headroom {fmt_bytes(effective)} > yellow limit "
+            f"{fmt_bytes(yellow_limit)}"
+        )
+    else:
+        reason = f"{state}: headroom {fmt_bytes(headroom)} <= {state} limit {fmt_bytes(limit)}"
+
+    if psi_some_avg10 is not None:
+        for threshold, psi_state in (
+            (config.psi_red_some_avg10, Pressure.RED),
+            (config.psi_yellow_some_avg10, Pressure.YELLOW),
+        ):
+            if threshold is not None and psi_some_avg10 > threshold:
+                if psi_state > state:
+                    state = psi_state
+                    reason = (
+                        f"{state}: PSI some avg10 {psi_some_avg10:g} > {threshold:g} "
+                        f"(headroom {fmt_bytes(headroom)}, effective {fmt_bytes(effective)})"
+                    )
+                break
+
+    return PressureReading(
+        state=state,
+        headroom=headroom,
+        effective_headroom=effective,
+        reason=reason,
+        budget=budget,
+        safety_margin=margin,
+        available=available,
+        predicted_growth=growth,
+        psi_some_avg10=psi_some_avg10,
+    )
+
+
+def predicted_remaining_growth(calls: Iterable[tuple[int, int]]) -> int:
+    """Sum of max(predicted_peak − current, 0) over (predicted_peak, current) pairs of admitted
+    calls: the growth still to come that makes Q(t) turn yellow early (TenonAgent §3.2)."""
+    return sum(max(peak - current, 0) for peak, current in calls)

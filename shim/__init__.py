@@ -1,0 +1,1 @@
+"""The OCI runtime wrapper: what Docker/containerd call instead of runc."""

@@ -1,0 +1,55 @@
+"""Ask execgated to admit a tool call before it runs; fail open on any trouble.
+
+The daemon answers in two frames: `queued` at once, `admitted` when the call may start. Only
+the first is held to the short budget (daemon_timeout_ms): a daemon that is down, wedged or
+slow costs a call at most that, and the call then runs unmanaged. Waiting for `admitted` is
+bounded by the daemon's own max wait (it admits anyway then) plus slack, and a daemon that
+dies while we wait closes the socket, which ends the wait at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from execgate.daemon import protocol
+from execgate.oci.runclog import RuncLog
+
+SLACK_S = 5.0
+
+
+def _recv(sock: socket.socket) -> dict[str, Any]:
+    header = protocol._recv_exact(sock, 4)
+    return protocol.decode_body(protocol._recv_exact(sock, protocol.frame_length(header)))
+
+
+def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog) -> dict[str, Any] | None:
+    """The daemon's `admitted` answer (with waited_s, forced, ...), or None to run unmanaged."""
+    if not os.path.exists(path):
+        log.debug(f"call {msg.get('call')}: no daemon socket at {path}; running unmanaged")
+        return None
+    t0 = time.monotonic()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(budget_s)
+            sock.connect(path)
+            sock.sendall(protocol.encode(protocol.request("admit", **msg)))
+            first = _recv(sock)
+            if not first.get("ok") or not first.get("queued"):
+                log.warning(f"call {msg.get('call')}: daemon refused: {first.get('error')}; "
+                            "running unmanaged")
+                return None
+            sock.settimeout(float(first.get("max_wait_s", 30.0)) + SLACK_S)
+            final = _recv(sock)
+    except (OSError, protocol.ProtocolError) as e:
+        waited = time.monotonic() - t0
+        log.warning(f"call {msg.get('call')}: daemon unavailable after {waited:.2f}s "
+                    f"({type(e).__name__}: {e}); running unmanaged")
+        return None
+    if not final.get("ok") or not final.get("admitted"):
+        log.warning(f"call {msg.get('call')}: no admission ({final.get('error')}); "
+                    "running unmanaged")
+        return None
+    return final

@@ -1,0 +1,50 @@
+"""`create`: run runc create, then give the container the init/ + tool-*/ cgroup layout."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from execgate.cgroups import container, v2
+from execgate.common import records
+from execgate.oci import bundle as bundle_mod
+from execgate.oci import runtime
+
+from .context import Context
+
+
+def _init_pid(pid_file: str | None) -> int:
+    if not pid_file:
+        raise LookupError("no --pid-file given")
+    with open(pid_file) as f:
+        return int(f.read().strip())
+
+
+def handle(ctx: Context) -> int:
+    flags = ctx.inv.command_flags()
+    rc = runtime.run(ctx.runtime, ctx.inv.argv)
+    if rc != 0 or not flags.positionals:
+        return rc
+    cid = flags.positionals[0]
+    record: dict[str, object] = {"id": cid, "created": time.time(), "managed": False}
+    try:
+        spec = bundle_mod.load(flags.get("bundle") or os.getcwd())
+        record.update(bundle=spec.path, hostname=spec.hostname, sandbox=spec.sandbox_id(cid),
+                      annotations=spec.annotations, memory_limit=spec.memory_limit,
+                      cgroups_path=spec.cgroups_path)
+        pid = _init_pid(flags.get("pid-file"))
+        record["init_pid"] = pid
+        if not v2.is_unified():
+            raise OSError("host is not on a pure cgroup v2 hierarchy")
+        cg = v2.path_of_pid(pid)
+        record["cgroup"] = cg
+        record["controllers"] = container.prepare(cg, ctx.config.controllers)
+        record["managed"] = True
+    except Exception as e:  # noqa: BLE001 - the container runs as with plain runc
+        record["reason"] = f"{type(e).__name__}: {e}"
+        ctx.log.warning(f"container {cid}: no per-exec cgroups ({record['reason']})")
+    try:
+        records.save_container(ctx.config.state_dir, record)
+    except OSError as e:
+        ctx.log.warning(f"container {cid}: cannot save record: {e}")
+    return rc

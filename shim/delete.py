@@ -1,0 +1,30 @@
+"""`delete`: run runc delete, then remove what execgate left: tool cgroups, init/, the record."""
+
+from __future__ import annotations
+
+import os
+
+from execgate.cgroups import container, v2
+from execgate.common import records
+from execgate.oci import runtime
+
+from .context import Context
+
+
+def handle(ctx: Context) -> int:
+    flags = ctx.inv.command_flags()
+    cid = flags.positionals[0] if flags.positionals else None
+    rec = records.load_container(ctx.config.state_dir, cid) if cid else None
+    rc = runtime.run(ctx.runtime, ctx.inv.argv)
+    if rc != 0 or not rec:
+        return rc
+    cg = rec.get("cgroup")
+    # runc (or systemd) removes the container cgroup recursively; this catches what is left
+    # when that removal raced a watcher or the container's cgroup survived the delete.
+    if cg and os.path.isdir(cg) and not v2.procs(cg):
+        container.remove_idle_tool_cgroups(cg)
+        init = os.path.join(cg, container.INIT)
+        if os.path.isdir(init) and not v2.populated(init):
+            v2.remove(init, attempts=3)
+    records.remove_container(ctx.config.state_dir, rec["id"])
+    return rc

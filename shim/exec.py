@@ -1,0 +1,90 @@
+"""`exec`: every tool call runs in its own cgroup inside the container's, once admitted.
+
+The handler reads the call's command and AGENT_RESOURCE_HINT from its process spec, asks the
+daemon to admit it (fail open), creates `tool-<hex>`, leaves a watcher behind to record the
+outcome and remove the cgroup, and execve()s `runc exec --cgroup tool-<hex> …`: runc's exit
+status and output stay exactly what the engine expects.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from execgate.cgroups import container, v2
+from execgate.common import hints, records
+from execgate.oci import process as process_mod
+
+from . import admit, feedback, watcher
+from .context import Context
+
+
+def _stderr(text: str) -> None:
+    """A line to the call's own stderr (our fd 2 is the exec's, before we become runc)."""
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
+
+
+def _hint(ctx: Context, spec: process_mod.ProcessSpec | None, rec: dict[str, Any], cg: str
+          ) -> dict[str, Any] | None:
+    """The call's parsed hint, clamped to its container's limit; a bad one is reported once."""
+    raw = hints.pick(spec.env, []) if spec else None
+    if not raw:
+        return None
+    parsed = hints.parse(raw)
+    if parsed.error or parsed.hint is None:
+        sandbox = str(rec.get("sandbox") or rec["id"])
+        ctx.log.warning(f"exec in {rec['id']}: {hints.ENV_NAME} ignored: {parsed.error}")
+        if spec and not spec.terminal and hints.should_warn(ctx.config.state_dir, sandbox, raw):
+            _stderr(feedback.hint_ignored(raw, parsed.error or "unparsable"))
+        return None
+    limit = v2.read_int(cg, "memory.max")  # "max" reads as None: no limit
+    return hints.clamp(parsed.hint, priority_allowed=True, memory_limit=limit).to_dict()
+
+
+def handle(ctx: Context) -> list[str]:
+    argv = ctx.inv.argv
+    flags = ctx.inv.command_flags()
+    if flags.get("cgroup") is not None or not flags.positionals:
+        return argv  # the caller placed the process itself
+    cid = flags.positionals[0]
+    rec = records.load_container(ctx.config.state_dir, cid)
+    if not rec or not rec.get("managed"):
+        return argv
+    cg = rec["cgroup"]
+    if not container.is_prepared(cg):
+        ctx.log.warning(f"exec in {cid}: {cg} lacks init/; running unmanaged")
+        return argv
+    spec = None
+    if flags.get("process"):
+        try:
+            spec = process_mod.load(flags.get("process") or "")
+        except (OSError, ValueError) as e:
+            ctx.log.warning(f"exec in {cid}: unreadable process spec: {e}")
+    name = container.new_tool_name()
+    call: dict[str, Any] = {
+        "call": name,
+        "container": cid,
+        "sandbox": rec.get("sandbox", cid),
+        "cgroup": os.path.join(cg, name),
+        "argv": spec.args if spec else flags.positionals[1:],
+        "tty": bool(spec.terminal) if spec else flags.is_set("tty"),
+        "detach": flags.is_set("detach"),
+        "hint": _hint(ctx, spec, rec, cg),
+        "arrival": time.time(),
+    }
+    answer = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,
+                           {k: call[k] for k in ("call", "container", "sandbox", "cgroup",
+                                                 "argv", "hint")}, ctx.log)
+    call["managed"] = answer is not None
+    call["waited_s"] = round(float(answer.get("waited_s", 0.0)), 3) if answer else 0.0
+    call["forced"] = bool(answer.get("forced")) if answer else False
+    if answer and not call["tty"] and feedback.should_report_delay(call["waited_s"]):
+        _stderr(feedback.admission_delayed(call["waited_s"]))
+    container.make_tool_cgroup(cg, name)
+    call["start"] = time.time()
+    watcher.spawn(call, flags.get("pid-file"), ctx.config.journal, ctx.log)
+    return ctx.inv.with_command_flags(["--cgroup", name])

@@ -1,0 +1,24 @@
+"""`kill`: thaw the container's tool calls first, so every signal is delivered at once.
+
+A tool call frozen by the growth gate would sit on a SIGTERM until thawed; the engine expects
+the container to react to it. (docker pause freezes the container's cgroup, not the tool
+cgroups' own cgroup.freeze, so paused containers stay paused.)
+"""
+
+from __future__ import annotations
+
+from execgate.cgroups import container, v2
+from execgate.common import records
+
+from .context import Context
+
+
+def handle(ctx: Context) -> list[str]:
+    flags = ctx.inv.command_flags()
+    rec = records.load_container(ctx.config.state_dir, flags.positionals[0]) \
+        if flags.positionals else None
+    if rec and rec.get("managed"):
+        for tool in container.tool_cgroups(rec["cgroup"]):
+            if v2.read_int(tool, "cgroup.freeze") == 1:
+                v2.write(tool, "cgroup.freeze", "0")
+    return ctx.inv.argv

@@ -1,0 +1,70 @@
+"""`execgate`: an OCI runtime that is runc for everything but four subcommands.
+
+Like NVIDIA's container runtime, it intercepts only what it must (create, exec, kill, delete)
+and execve()s the real runtime for the rest, so `--version`, `state`, `events`, `ps`, `update`,
+`pause`… are runc's own, byte for byte. A handler that fails falls back to plain passthrough:
+execgate may lose control of a container, never break it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from execgate.common import config as config_mod
+from execgate.oci import cli, runtime
+from execgate.oci.runclog import RuncLog
+
+from .context import Context
+
+# A handler returns the argv to execve the real runtime with, or an exit status when it has
+# already run the runtime itself.
+Handler = Callable[[Context], "list[str] | int"]
+
+
+def _handlers() -> dict[str, Handler]:
+    from . import create, delete, kill
+    from . import exec as exec_
+
+    return {"create": create.handle, "exec": exec_.handle, "kill": kill.handle,
+            "delete": delete.handle}
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    inv = cli.parse(argv)
+    cfg = config_mod.load()
+    log = RuncLog(inv.globals.get("log"), inv.globals.get("log-format"), cfg.debug_log,
+                  debug=inv.globals.is_set("debug"))
+    for err in cfg.errors:
+        log.warning(err)
+    if runtime.in_loop():
+        msg = "execgate was called by itself: the configured runtime resolves to execgate"
+        log.error(msg)
+        print(f"execgate: {msg}", file=sys.stderr)
+        sys.exit(1)
+    try:
+        real = runtime.find(cfg.runtime)
+    except runtime.RuntimeNotFound as e:
+        log.error(str(e))
+        print(f"execgate: {e}", file=sys.stderr)
+        sys.exit(1)
+
+    result: list[str] | int = argv
+    if cfg.per_exec_cgroups and inv.command in ("create", "exec", "kill", "delete"):
+        ctx = Context(inv=inv, config=cfg, log=log, runtime=real)
+        try:
+            result = _handlers()[inv.command](ctx)
+        except Exception as e:  # noqa: BLE001 - never break a container over our own bug
+            log.warning(f"{inv.command}: {type(e).__name__}: {e}; passing through to {real}")
+            result = argv
+    if isinstance(result, int):
+        sys.stdout.flush()
+        os._exit(result)
+    log.debug(f"execve {real} {' '.join(result)}")
+    runtime.execve(real, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Fixtures for the end-to-end suite: real Docker, real runc, real cgroup v2 (in the test VM,
+or natively on a Docker host with cgroup v2 and execgate installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+IMAGE = os.environ.get("EXECGATE_TEST_IMAGE", "execgate-test:latest")
+RUNTIME = os.environ.get("EXECGATE_TEST_RUNTIME", "execgate")
+STATE_DIR = "/run/execgate"
+JOURNAL = "/var/lib/execgate/calls.jsonl"
+CGROOT = "/sys/fs/cgroup"
+
+
+def docker(*args: str, check: bool = True, timeout: float = 120, input: bytes | None = None,
+           ) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run(["docker", *args], capture_output=True, timeout=timeout, input=input)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} -> {proc.returncode}\n"
+                             f"stdout: {proc.stdout!r}\nstderr: {proc.stderr!r}")
+    return proc
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 30, interval: float = 0.1,
+             what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def inspect(cid: str) -> dict[str, Any]:
+    return json.loads(docker("inspect", cid).stdout)[0]
+
+
+def init_pid(cid: str) -> int:
+    return int(inspect(cid)["State"]["Pid"])
+
+
+def cgroup_of(pid: int) -> str:
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return os.path.join(CGROOT, line[3:].strip().lstrip("/"))
+    raise AssertionError(f"pid {pid} has no cgroup v2 line")
+
+
+def container_cgroup(cid: str) -> str:
+    """The container's own cgroup (the parent of init/ when execgate manages it)."""
+    cg = cgroup_of(init_pid(cid))
+    return os.path.dirname(cg) if os.path.basename(cg) == "init" else cg
+
+
+def tool_cgroups(cg: str) -> list[str]:
+    return sorted(e.name for e in os.scandir(cg) if e.is_dir() and e.name.startswith("tool-"))
+
+
+def journal_entries() -> list[dict[str, Any]]:
+    try:
+        with open(JOURNAL) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def journal_for(cid: str) -> list[dict[str, Any]]:
+    return [e for e in journal_entries() if e.get("container") == cid]
+
+
+class Containers:
+    """Starts containers and removes every one of them at teardown."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def run(self, *args: str, runtime: str = RUNTIME, cmd: tuple[str, ...] = ("sleep", "inf"),
+            ) -> str:
+        cid = docker("run", "-d", "--runtime", runtime, *args, IMAGE, *cmd).stdout.decode().strip()
+        self.ids.append(cid)
+        return cid
+
+    def cleanup(self) -> None:
+        if self.ids:
+            docker("rm", "-f", *self.ids, check=False)
+
+
+@pytest.fixture
+def containers() -> Iterator[Containers]:
+    c = Containers()
+    yield c
+    c.cleanup()

@@ -1,0 +1,133 @@
+"""execgated admits tool calls by predicted demand within a memory domain, fails open when it
+is gone, and rediscovers running calls when it comes back."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import CGROOT, Containers, docker, journal_for, wait_for
+
+SLICE = "egtest.slice"
+DOMAIN = os.path.join(CGROOT, SLICE)
+BUDGET = 640 << 20
+CONFIG = "/etc/execgate/config.toml"
+CALL_MIB, HOLD_S, N = 200, 4, 4  # 4 x 200 MiB > 640 MiB: eager execution cannot fit
+
+
+def ctl_status() -> dict:
+    p = subprocess.run(["execgatectl", "status", "--json"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def systemctl(*args: str) -> None:
+    subprocess.run(["systemctl", *args], check=True, timeout=60)
+
+
+def daemon_up() -> bool:
+    return ctl_status()["source"].startswith("execgated pid")
+
+
+@pytest.fixture
+def domain(containers: Containers) -> Iterator[Containers]:
+    """N sandboxes in one slice capped at BUDGET; the daemon schedules that slice."""
+    shutil.copy(CONFIG, CONFIG + ".orig")
+    with open(CONFIG, "a") as f:
+        f.write(f'\n[daemon]\ndomain = "{DOMAIN}"\n\n[admission]\nmax_admission_wait_s = 120\n')
+    try:
+        for _ in range(N):
+            containers.run("--cgroup-parent", SLICE)
+        with open(os.path.join(DOMAIN, "memory.max"), "w") as f:
+            f.write(str(BUDGET))
+        systemctl("restart", "execgated")
+        wait_for(daemon_up, what="execgated to come up")
+        yield containers
+    finally:
+        shutil.move(CONFIG + ".orig", CONFIG)
+        systemctl("restart", "execgated")
+
+
+def burst(cids: list[str], hint: str | None) -> list[subprocess.CompletedProcess[bytes]]:
+    env = ["-e", f"AGENT_RESOURCE_HINT={hint}"] if hint else []
+
+    def one(cid: str) -> subprocess.CompletedProcess[bytes]:
+        return docker("exec", *env, cid, "memhog", str(CALL_MIB), str(HOLD_S), check=False,
+                      timeout=600)
+
+    with concurrent.futures.ThreadPoolExecutor(len(cids)) as pool:
+        return list(pool.map(one, cids))
+
+
+def test_eager_oom_kills_but_admission_makes_calls_wait(domain: Containers) -> None:
+    cids = domain.ids
+    # Without the daemon (the runtime fails open), the burst overruns the domain.
+    systemctl("stop", "execgated")
+    eager = burst(cids, None)
+    assert any(p.returncode == 137 for p in eager), [p.returncode for p in eager]
+    # With it, later calls wait for earlier ones and every call succeeds.
+    systemctl("start", "execgated")
+    wait_for(daemon_up, what="execgated")
+    seen_queued: list[int] = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(burst, cids, f"memory:{CALL_MIB + 20}m")
+        while not fut.done():
+            seen_queued.append(len(ctl_status()["daemon"]["admission"]["queued"]))
+            time.sleep(0.5)
+        gated = fut.result()
+    assert [p.returncode for p in gated] == [0] * N, [(p.returncode, p.stderr) for p in gated]
+    assert max(seen_queued) >= 1, "execgatectl status never showed a queued call"
+    entries = [e for cid in cids for e in journal_for(cid) if e.get("managed")]
+    assert len(entries) >= N
+    assert not any(e["oom_killed"] for e in entries[-N:])
+    assert max(e["waited_s"] for e in entries[-N:]) > 1.0  # some calls really waited
+    assert all(e["hint"]["memory_bytes"] == (CALL_MIB + 20) << 20 for e in entries[-N:])
+
+
+def test_fail_open_and_rediscovery(domain: Containers) -> None:
+    cids = domain.ids
+    # A long call that is running when the daemon dies.
+    docker("exec", "-d", cids[0], "memhog", "16", "120")
+    wait_for(lambda: ctl_status()["daemon"]["admission"]["running"], what="the long call")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(burst, cids[1:], f"memory:{CALL_MIB + 20}m")
+        wait_for(lambda: ctl_status()["daemon"]["admission"]["queued"], what="a queued call")
+        # kill -9 while calls are queued: they must run at once (fail open), nothing hangs.
+        t0 = time.monotonic()
+        systemctl("kill", "-s", "KILL", "execgated")
+        done = fut.result(timeout=300)
+        assert time.monotonic() - t0 < 120
+    assert all(p.returncode in (0, 137) for p in done), [(p.returncode, p.stderr) for p in done]
+    # systemd restarts it (Restart=always); it finds the still-running call again.
+    wait_for(daemon_up, timeout=60, what="execgated to be restarted")
+    snap = ctl_status()
+    running = snap["daemon"]["admission"]["running"]
+    assert any(r["demand"]["source"] == "adopted" for r in running), running
+    boxes = {b["id"] for b in snap["sandboxes"]}
+    assert set(cids) <= boxes
+
+
+def test_malformed_hint_runs_the_call_with_one_warning(containers: Containers) -> None:
+    cid = containers.run()
+    for bad in ("memory:lots", "memory:-5g", "x" * 10000):
+        outs = [docker("exec", "-e", f"AGENT_RESOURCE_HINT={bad}", cid, "echo", "ran",
+                       check=False) for _ in range(2)]
+        assert all(p.returncode == 0 and p.stdout == b"ran\n" for p in outs)
+        assert outs[0].stderr.count(b"\n") == 1 and b"[execgate]" in outs[0].stderr
+        assert outs[1].stderr == b"", "the same bad value is reported once per sandbox"
+
+
+def test_hint_reaches_the_daemon(containers: Containers) -> None:
+    cid = containers.run("-e", "AGENT_RESOURCE_HINT=memory:300m")
+    docker("exec", cid, "true")
+    docker("exec", "-e", "AGENT_RESOURCE_HINT=memory:2g", cid, "true")
+    entries = wait_for(lambda: len(journal_for(cid)) >= 2 and journal_for(cid), what="journal")
+    assert entries[0]["hint"]["memory_bytes"] == 300 << 20  # the container's env
+    assert entries[1]["hint"]["memory_bytes"] == 2 << 30  # the exec's wins

@@ -1,0 +1,157 @@
+"""execgate called directly as runc is (cgroupfs driver, no Docker): loops, logs, leaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import CGROOT, IMAGE, STATE_DIR, docker, journal_entries, wait_for
+
+EXECGATE = "/usr/local/bin/execgate"
+PARENT = "execgate-direct"
+CYCLES = int(os.environ.get("EXECGATE_LEAK_CYCLES", "200"))
+
+
+def rt(root: str, *args: str, check: bool = True, env: dict[str, str] | None = None,
+       timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    p = subprocess.run([EXECGATE, "--root", root, *args], capture_output=True,
+                       stdin=subprocess.DEVNULL, env=env, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"execgate {' '.join(args)} -> {p.returncode}: {p.stderr!r}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    b = str(tmp_path_factory.mktemp("bundle"))
+    rootfs = os.path.join(b, "rootfs")
+    os.mkdir(rootfs)
+    cid = docker("create", IMAGE, "true").stdout.decode().strip()
+    try:
+        export = subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", rootfs], stdin=export.stdout, check=True)
+        assert export.wait() == 0
+    finally:
+        docker("rm", cid)
+    subprocess.run(["runc", "spec"], cwd=b, check=True)
+    with open(os.path.join(b, "config.json")) as f:
+        spec = json.load(f)
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = ["sleep", "inf"]
+    spec["root"]["readonly"] = False
+    with open(os.path.join(b, "config.json"), "w") as f:
+        json.dump(spec, f)
+    yield b
+
+
+def _set_cgroup(bundle: str, cid: str) -> None:
+    path = os.path.join(bundle, "config.json")
+    with open(path) as f:
+        spec = json.load(f)
+    spec["linux"]["cgroupsPath"] = f"/{PARENT}/{cid}"  # cgroupfs driver: a plain path
+    with open(path, "w") as f:
+        json.dump(spec, f)
+
+
+def _process_json(tmp: str, args: list[str]) -> str:
+    path = os.path.join(tmp, "process.json")
+    with open(path, "w") as f:
+        json.dump({"terminal": False, "user": {"uid": 0, "gid": 0}, "args": args,
+                   "env": ["PATH=/bin"], "cwd": "/"}, f)
+    return path
+
+
+def _cycle(root: str, bundle: str, tmp: str, cid: str) -> None:
+    _set_cgroup(bundle, cid)
+    pid_file = os.path.join(tmp, cid + ".pid")
+    rt(root, "create", "--bundle", bundle, "--pid-file", pid_file, cid)
+    rt(root, "start", cid)
+    proc = _process_json(tmp, ["sh", "-c", "cat /proc/self/cgroup > /tmp/where"])
+    rt(root, "exec", "--process", proc, "--pid-file", pid_file + ".exec", cid)
+    rt(root, "kill", cid, "KILL")
+    wait_for(lambda: json.loads(rt(root, "state", cid).stdout)["status"] == "stopped",
+             what="the container to stop")
+    rt(root, "delete", cid)
+
+
+def test_cgroupfs_driver_layout(bundle: str, tmp_path: object) -> None:
+    root, tmp, cid = str(tmp_path) + "/root", str(tmp_path), "direct-layout"
+    _set_cgroup(bundle, cid)
+    pid_file = os.path.join(tmp, "pid")
+    rt(root, "create", "--bundle", bundle, "--pid-file", pid_file, cid)
+    try:
+        cg = os.path.join(CGROOT, PARENT, cid)
+        with open(pid_file) as f:
+            pid = int(f.read())
+        with open(f"/proc/{pid}/cgroup") as f:
+            assert f.read().strip() == f"0::/{PARENT}/{cid}/init"
+        rt(root, "start", cid)
+        proc = _process_json(tmp, ["cat", "/proc/self/cgroup"])
+        out = rt(root, "exec", "--process", proc, cid).stdout.decode()
+        assert out.startswith("0::/tool-"), out
+        # runc ps walks the whole tree: init/ and tool-* included.
+        docker_like = _process_json(tmp, ["sleep", "30"])
+        rt(root, "exec", "--detach", "--process", docker_like, "--pid-file", pid_file + "2", cid)
+        ps = json.loads(rt(root, "ps", "--format", "json", cid).stdout)
+        assert len(ps) == 2
+        assert any(n.startswith("tool-") for n in os.listdir(cg))
+    finally:
+        rt(root, "kill", cid, "KILL", check=False)
+        wait_for(lambda: json.loads(rt(root, "state", cid).stdout)["status"] == "stopped")
+        rt(root, "delete", cid)
+    wait_for(lambda: not os.path.exists(os.path.join(CGROOT, PARENT, cid)),
+             what="the container cgroup to go")
+    assert not os.path.exists(os.path.join(STATE_DIR, "containers", cid + ".json"))
+
+
+def test_no_leaks_over_many_cycles(bundle: str, tmp_path: object) -> None:
+    root, tmp = str(tmp_path) + "/root", str(tmp_path)
+    before_journal = len(journal_entries())
+    start = time.monotonic()
+    for i in range(CYCLES):
+        _cycle(root, bundle, tmp, f"leak-{i}")
+    elapsed = time.monotonic() - start
+    print(f"\n{CYCLES} create/start/exec/kill/delete cycles in {elapsed:.1f}s "
+          f"({elapsed / CYCLES * 1000:.0f} ms/cycle)")
+    parent = os.path.join(CGROOT, PARENT)
+    wait_for(lambda: not [d for d in os.listdir(parent) if d.startswith("leak-")],
+             what="every container cgroup to be removed")
+    records = os.listdir(os.path.join(STATE_DIR, "containers"))
+    assert not [r for r in records if r.startswith("leak-")]
+    wait_for(lambda: len(journal_entries()) - before_journal >= CYCLES, what="journal entries")
+    assert not os.listdir(root) or all(not d.startswith("leak-") for d in os.listdir(root))
+    # No watcher outlives its call.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    watchers = [line for line in ps.splitlines() if "bin/execgate " in line]
+    assert not watchers, watchers
+
+
+def test_refuses_to_call_itself(tmp_path: object) -> None:
+    cfg = os.path.join(str(tmp_path), "config.toml")
+    with open(cfg, "w") as f:
+        f.write(f'runtime = "{EXECGATE}"\n')
+    p = subprocess.run([EXECGATE, "--version"], capture_output=True, text=True,
+                       env=dict(os.environ, EXECGATE_CONFIG=cfg), timeout=30)
+    assert p.returncode == 1
+    assert "no OCI runtime found" in p.stderr and "is execgate itself" in p.stderr
+
+
+def test_own_diagnostics_go_to_runc_log_in_runc_format(tmp_path: object) -> None:
+    cfg = os.path.join(str(tmp_path), "config.toml")
+    with open(cfg, "w") as f:
+        f.write('runtime = ["runc"]\nno_such_key = 1\n')
+    log = os.path.join(str(tmp_path), "log.json")
+    p = subprocess.run([EXECGATE, "--log", log, "--log-format", "json", "--root",
+                        str(tmp_path), "state", "nope"], capture_output=True, text=True,
+                       env=dict(os.environ, EXECGATE_CONFIG=cfg), timeout=30)
+    assert p.returncode != 0  # runc's own answer for a missing container
+    with open(log) as f:
+        lines = [json.loads(line) for line in f]
+    ours = [entry for entry in lines if entry["msg"].startswith("execgate: ")]
+    assert ours and ours[0]["level"] == "warning" and "no_such_key" in ours[0]["msg"]
+    assert set(ours[0]) == {"level", "msg", "time"}
+    assert any(not entry["msg"].startswith("execgate: ") for entry in lines), "runc's own line"

@@ -1,0 +1,157 @@
+"""The daemon's engine against a fake cgroupfs domain, a temp journal and a simulated clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from execgate.common.config import Config
+from execgate.daemon import protocol, settings
+from execgate.daemon.engine import Engine
+from execgate.daemon.store import JournalFollower, Store
+
+MiB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _engine(tmp: Path, budget: int, used: int) -> tuple[Engine, Clock, Path]:
+    dom = tmp / "domain"
+    dom.mkdir()
+    (dom / "memory.max").write_text(f"{budget}\n")
+    (dom / "memory.current").write_text(f"{used}\n")
+    journal = tmp / "calls.jsonl"
+    cfg = Config(state_dir=str(tmp / "state"), journal=str(journal),
+                 tables={"daemon": {"domain": str(dom), "store": str(tmp / "h.sqlite")}})
+    s, errors = settings.load(cfg)
+    assert errors == []
+    clock = Clock()
+    return Engine(cfg, s, clock), clock, journal
+
+
+def _admit_msg(i: int, mem: int) -> dict:
+    return {"call": f"tool-{i}", "container": "c", "sandbox": "c", "cgroup": f"/nope/tool-{i}",
+            "argv": ["pytest"], "hint": {"memory_bytes": mem}}
+
+
+def test_calls_wait_for_room_and_run_when_earlier_ones_finish(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        eng, clock, journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        eng.tick()
+        futs = [eng.submit(_admit_msg(i, 300 * MiB))[1] for i in range(3)]
+        assert futs[0].done() and not futs[2].done()
+        waiting = [i for i, f in enumerate(futs) if not f.done()]
+        assert waiting, "three 300 MiB calls cannot all start in a 1 GiB domain"
+        # The first call finishes: its watcher's journal line frees its charge.
+        clock.t += 5
+        with open(journal, "a") as f:
+            f.write(json.dumps({"call": "tool-0", "container": "c", "sandbox": "c",
+                                "argv": ["pytest"], "memory_peak": 280 * MiB, "pids_peak": 1,
+                                "duration": 5.0, "oom_killed": False,
+                                "hint": {"memory_bytes": 300 * MiB}}) + "\n")
+        eng.tick()
+        assert futs[waiting[0]].done()
+        assert futs[waiting[0]].result().waited_s == 5.0
+        assert eng.store.count() == 1
+        snap = eng.snapshot()
+        assert snap["pressure"]["state"] in ("green", "yellow", "red")
+        assert {r["call_id"] for r in snap["admission"]["running"]} >= {f"tool-{waiting[0]}"}
+
+    asyncio.run(scenario())
+
+
+def test_bounded_wait_and_cancel(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        eng, clock, _ = _engine(tmp_path, budget=512 * MiB, used=500 * MiB)  # red
+        eng.tick()
+        _, fut = eng.submit(_admit_msg(1, 100 * MiB))
+        _, gone = eng.submit(_admit_msg(2, 100 * MiB))
+        assert not fut.done()
+        eng.cancel("tool-2")
+        clock.t += 31
+        eng.tick()
+        assert fut.done() and fut.result().forced
+        assert not gone.done()
+        assert [q["call_id"] for q in eng.admission.snapshot()["queued"]] == []
+
+    asyncio.run(scenario())
+
+
+def test_vanished_call_is_released(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        eng, clock, _ = _engine(tmp_path, budget=2048 * MiB, used=0)
+        eng.tick()
+        _, fut = eng.submit(_admit_msg(1, 100 * MiB))
+        assert fut.done()
+        assert "tool-1" in eng.calls
+        clock.t += 3  # its cgroup never appeared: grace passes once, then again
+        eng.tick()
+        clock.t += 3
+        eng.tick()
+        assert "tool-1" not in eng.calls
+        assert eng.admission.snapshot()["running"] == []
+
+    asyncio.run(scenario())
+
+
+def test_learning_survives_a_restart(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "h.sqlite"))
+    for i in range(3):
+        store.add({"call": f"tool-{i}", "sandbox": "s", "argv": ["pytest", "-x"],
+                   "start": float(i), "memory_peak": 900 * MiB, "pids_peak": 3,
+                   "duration": 2.0, "oom_killed": False}, 400 * MiB)
+    store.close()
+    eng, _, _ = _engine(tmp_path, budget=4096 * MiB, used=0)
+    assert eng.warm_up() == 3
+    from execgate.policy.estimate import CallInfo
+
+    demand = eng.estimator.estimate(CallInfo("t", "s", ["pytest", "tests/"]))
+    assert demand.peak_bytes == 900 * MiB and demand.source.startswith("sandbox-history")
+
+
+def test_journal_follower_resumes_and_handles_rotation(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "h.sqlite"))
+    path = tmp_path / "calls.jsonl"
+    path.write_text('{"call": "a"}\n{"call": "b"}\n{"call": "c"')  # c is half written
+    f = JournalFollower(str(path), store)
+    assert [e["call"] for e in f.read_new()] == ["a", "b"]
+    with open(path, "a") as fh:
+        fh.write("}\n")
+    assert [e["call"] for e in f.read_new()] == ["c"]
+    assert JournalFollower(str(path), store).read_new() == []  # position persisted
+    path.unlink()
+    path.write_text('{"call": "d"}\n')
+    assert [e["call"] for e in JournalFollower(str(path), store).read_new()] == ["d"]
+
+
+def test_settings_sizes_and_errors() -> None:
+    s, errors = settings.load(Config(tables={
+        "daemon": {"budget_bytes": "8g", "nope": 1},
+        "pressure": {"safety_margin_bytes": "128m", "red_fraction": "high"},
+        "admission": {"max_admission_wait_s": 10},
+    }))
+    assert s.daemon.budget_bytes == 8 << 30
+    assert s.pressure.safety_margin_bytes == 128 * MiB
+    assert s.pressure.red_fraction == 0.125
+    assert s.admission.max_admission_wait_s == 10.0
+    assert len(errors) == 2
+
+
+def test_protocol_round_trip_and_versions() -> None:
+    frame = protocol.encode(protocol.request("admit", call="tool-1", argv=["a", "b"]))
+    n = protocol.frame_length(frame[:4])
+    msg = protocol.decode_body(frame[4:4 + n])
+    assert msg == {"v": protocol.VERSION, "op": "admit", "call": "tool-1", "argv": ["a", "b"]}
+    try:
+        protocol.decode_body(b"\xc1")
+    except protocol.ProtocolError:
+        pass
+    else:
+        raise AssertionError("garbage must not decode")

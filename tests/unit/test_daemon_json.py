@@ -1,0 +1,57 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+from execgate.ctl import daemon_json
+
+
+def _write(p: Path, data: object) -> None:
+    p.write_text(json.dumps(data))
+
+
+def test_merge_keeps_other_keys_and_runtimes(tmp_path: Path) -> None:
+    p = tmp_path / "daemon.json"
+    _write(p, {"log-driver": "local", "runtimes": {"nvidia": {"path": "/nv", "runtimeArgs": []}}})
+    assert daemon_json.main(["add", str(p), "execgate", "/usr/local/bin/execgate"]) == 0
+    data = json.loads(p.read_text())
+    assert data["log-driver"] == "local"
+    assert data["runtimes"]["nvidia"] == {"path": "/nv", "runtimeArgs": []}
+    assert data["runtimes"]["execgate"] == {"path": "/usr/local/bin/execgate"}
+    backups = [f for f in os.listdir(tmp_path) if ".execgate-backup-" in f]
+    assert len(backups) == 1
+
+
+def test_idempotent(tmp_path: Path) -> None:
+    p = tmp_path / "daemon.json"
+    daemon_json.main(["add", str(p), "execgate", "/x"])
+    before = p.read_bytes()
+    daemon_json.main(["add", str(p), "execgate", "/x"])
+    assert p.read_bytes() == before
+    assert not [f for f in os.listdir(tmp_path) if ".execgate-backup-" in f]  # new file: none
+
+
+def test_remove_only_our_entry(tmp_path: Path) -> None:
+    p = tmp_path / "daemon.json"
+    _write(p, {"runtimes": {"execgate": {"path": "/other"}, "keep": {"path": "/k"}}})
+    daemon_json.main(["remove", str(p), "execgate", "/x"])
+    assert json.loads(p.read_text())["runtimes"]["execgate"] == {"path": "/other"}
+    _write(p, {"runtimes": {"execgate": {"path": "/x"}}, "debug": True})
+    daemon_json.main(["remove", str(p), "execgate", "/x"])
+    assert json.loads(p.read_text()) == {"debug": True}
+
+
+@pytest.mark.parametrize("text", ['{"a": ', "[1, 2]", '{"runtimes": []}'])
+def test_invalid_json_is_refused_untouched(tmp_path: Path, text: str) -> None:
+    p = tmp_path / "daemon.json"
+    p.write_text(text)
+    assert daemon_json.main(["add", str(p), "execgate", "/x"]) == 3
+    assert p.read_text() == text
+    assert os.listdir(tmp_path) == ["daemon.json"]
+
+
+def test_missing_or_empty_file(tmp_path: Path) -> None:
+    p = tmp_path / "d" / "daemon.json"
+    assert daemon_json.main(["check", str(p)]) == 0
+    assert daemon_json.main(["add", str(p), "eg", "/x"]) == 0
+    assert json.loads(p.read_text()) == {"runtimes": {"eg": {"path": "/x"}}}

@@ -1,0 +1,646 @@
+"""Unit tests of the growth gate's controller: simulated footprints, a simulated clock, no sleeps.
+
+The simulation steps by 1/8 s instead of the daemon's 100 ms: every time is then exact in binary
+floating point, so the D_min / D_max / hold-cap / AIMD boundaries can be asserted to the period.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+from execgate.policy.growth import (
+    CallState,
+    GateDecision,
+    GrowthConfig,
+    GrowthController,
+    MiB,
+    Reason,
+    Sample,
+    pick_last_resort_victim,
+)
+from execgate.policy.pressure_state import Pressure
+
+G, Y, R = Pressure.GREEN, Pressure.YELLOW, Pressure.RED
+STEP = 0.125
+GiB = 1024 * MiB
+RESERVE = 256 * MiB
+BIG = 64 * GiB  # MemAvailable that leaves all the headroom anyone needs
+
+
+def avail(headroom_mib: float) -> int:
+    """MemAvailable that yields the given headroom H (after the 256 MiB reserve)."""
+    return RESERVE + int(headroom_mib * MiB)
+
+
+class FakeClock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+@dataclass
+class Proc:
+    """A simulated tool call: grows at `rate` bytes/s and burns CPU only while allowed."""
+
+    cid: str
+    memory: int
+    rate: float
+    started_at: float
+    declared: int | None = None
+    busy: bool = True
+    cpu: int = 0
+
+    def sample(self) -> Sample:
+        return Sample(self.cid, self.memory, self.cpu, self.declared, self.started_at)
+
+
+class Sim:
+    def __init__(self, **config: object) -> None:
+        self.clock = FakeClock()
+        self.ctl = GrowthController(GrowthConfig(**config), self.clock)  # type: ignore[arg-type]
+        self.procs: dict[str, Proc] = {}
+        self.last: GateDecision | None = None
+
+    def add(self, cid: str, rate_mib: float = 0.0, memory_mib: int = 256, **kw: object) -> Proc:
+        p = Proc(cid, memory_mib * MiB, rate_mib * MiB, self.clock(), **kw)  # type: ignore[arg-type]
+        self.procs[cid] = p
+        return p
+
+    def remove(self, cid: str) -> None:
+        del self.procs[cid]
+
+    def step(self, pressure: Pressure = G, mem_available: int = BIG, n: int = 1) -> GateDecision:
+        """Let one period pass under the last decision, then sample and decide."""
+        for _ in range(n):
+            if self.last is not None:
+                self.clock.advance(STEP)
+                for p in self.procs.values():
+                    if self.last.allow.get(p.cid, False):
+                        p.memory += round(p.rate * STEP)
+                        if p.busy:
+                            p.cpu += round(STEP * 1e6)
+            samples = [p.sample() for p in self.procs.values()]
+            self.last = self.ctl.update(samples, pressure, mem_available)
+        assert self.last is not None
+        return self.last
+
+    def warm(self) -> GateDecision:
+        """Two green periods: every call then has ĝ equal to its simulated rate."""
+        self.step(G)
+        return self.step(G)
+
+
+def direct(clock: FakeClock, ctl: GrowthController, points: list[tuple[float, int, int]]):
+    """Feed one call (t, memory, cpu) points in green; returns the decisions."""
+    out = []
+    for t, mem, cpu in points:
+        clock.t = t
+        out.append(ctl.update([Sample("c", mem, cpu)], G, BIG))
+    return out
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_defaults_are_table_5() -> None:
+    c = GrowthConfig()
+    assert c.period_s == 0.1
+    assert c.ewma_alpha == 0.35
+    assert c.growth_threshold_bps == 4 * MiB
+    assert c.horizon_s == 1.0
+    assert c.boot_demand_bytes == 16 * MiB
+    assert c.headroom_reserve_bytes == 256 * MiB
+    assert (c.budget_initial, c.budget_max, c.budget_increase_after_s) == (1, 4, 5.0)
+    assert (c.min_deny_s, c.overdue_after_s, c.max_hold_s) == (1.0, 3.0, 20.0)
+    assert c.last_resort_after_s == 2.0
+    assert c.critical_headroom_bytes == 64 * MiB
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ewma_alpha": 0.0},
+        {"ewma_alpha": 1.5},
+        {"max_hold_s": 30.0},  # the sched_ext watchdog ceiling
+        {"budget_initial": 5},
+        {"budget_initial": 0},
+        {"min_deny_s": 4.0},  # D_min > D_max
+        {"horizon_s": 0.0},
+    ],
+)
+def test_config_rejects_nonsense(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        GrowthConfig(**bad)  # type: ignore[arg-type]
+
+
+# -- growth estimate -------------------------------------------------------------------------
+
+
+def test_ewma_hand_computed() -> None:
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(), clock)
+    d = direct(
+        clock,
+        ctl,
+        [
+            (0.0, 0, 0),
+            (0.5, 5 * MiB, 100),  # 10 MiB/s: seeds ĝ
+            (1.0, 7 * MiB, 200),  # 4 MiB/s: 0.35*4 + 0.65*10 = 7.9
+            (1.5, 6 * MiB, 300),  # -2 MiB/s: 0.35*-2 + 0.65*7.9 = 4.435
+            (2.0, 6 * MiB, 400),  # 0: 0.65*4.435 = 2.88275
+        ],
+    )
+    g = [x.calls["c"].growth_bps for x in d]
+    assert g[0] is None
+    assert g[1] == pytest.approx(10 * MiB)
+    assert g[2] == pytest.approx(7.9 * MiB)
+    assert g[3] == pytest.approx(4.435 * MiB)
+    assert g[4] == pytest.approx(2.88275 * MiB)
+    states = [x.calls["c"].state for x in d]
+    assert states == [CallState.GROWING] * 4 + [CallState.RESIDENT]
+    assert [x.calls["c"].demand_bytes for x in d][1:3] == [10 * MiB, math.ceil(7.9 * MiB)]
+
+
+def test_first_sample_uses_boot_demand() -> None:
+    sim = Sim()
+    sim.add("a", rate_mib=0)
+    d = sim.step(G).calls["a"]
+    assert d.growth_bps is None
+    assert d.demand_bytes == 16 * MiB
+    assert d.state == CallState.GROWING  # presumed to grow at d_boot / horizon
+    d = sim.step(G).calls["a"]  # first valid sample: the boot presumption is gone
+    assert d.growth_bps == 0.0
+    assert d.demand_bytes == 0
+    assert d.state == CallState.RESIDENT
+
+
+def test_boot_demand_is_headroom_checked() -> None:
+    sim = Sim()
+    sim.add("new")
+    assert sim.step(Y, avail(16)).calls["new"].reason == Reason.ADMITTED
+    sim2 = Sim()
+    sim2.add("new")
+    assert sim2.step(Y, avail(15)).calls["new"].reason == Reason.NO_HEADROOM
+
+
+def test_interval_without_cpu_is_skipped_and_rebases() -> None:
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(), clock)
+    d = direct(
+        clock,
+        ctl,
+        [
+            (0.0, 0, 0),
+            (1.0, 10 * MiB, 50),  # 10 MiB/s
+            (2.0, 30 * MiB, 50),  # no CPU: skipped (a +20 MiB step that isn't growth)
+            (3.0, 34 * MiB, 60),  # measured from the skipped sample: 4 MiB/s
+        ],
+    )
+    assert d[2].calls["c"].growth_bps == pytest.approx(10 * MiB)
+    assert d[3].calls["c"].growth_bps == pytest.approx((0.35 * 4 + 0.65 * 10) * MiB)
+    snap = ctl.snapshot()["calls"]["c"]  # type: ignore[index]
+    assert (snap["valid_samples"], snap["invalid_samples"]) == (2, 1)
+
+
+def test_interval_after_permission_change_is_skipped() -> None:
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(), clock)
+
+    def at(t: float, mem_mib: float, cpu: int, q: Pressure, h_mib: float = 0):
+        clock.t = t
+        return ctl.update([Sample("c", int(mem_mib * MiB), cpu)], q, avail(h_mib)).calls["c"]
+
+    at(0.0, 0, 0, G)
+    assert at(1.0, 10, 10, G).growth_bps == pytest.approx(10 * MiB)
+    d = at(2.0, 20, 20, R)  # valid (10 MiB/s); red with H = 0: denied -> permission flips
+    assert not d.allow and d.state == CallState.PAUSED_GROWING
+    # CPU still advanced (parking took effect late) and memory jumped: the flip makes it invalid.
+    d = at(3.0, 50, 30, R)
+    assert d.growth_bps == pytest.approx(10 * MiB)
+    d = at(4.0, 52, 40, R)  # no flip at 3.0 -> valid: 2 MiB/s
+    assert d.growth_bps == pytest.approx((0.35 * 2 + 0.65 * 10) * MiB)
+    d = at(5.0, 53, 50, G)  # valid again; green: allowed -> flips back
+    assert d.allow and d.growth_bps == pytest.approx((0.35 * 1 + 0.65 * 7.2) * MiB)
+    assert at(6.0, 90, 60, G).growth_bps == d.growth_bps  # the catch-up burst is skipped
+
+
+def test_first_decision_deny_counts_as_permission_change() -> None:
+    """New cgroups start allowed (not in the deny map), so a first deny is a flip."""
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(), clock)
+    ctl.update([Sample("c", 0, 0)], R, avail(0))
+    clock.t = 1.0
+    d = ctl.update([Sample("c", 8 * MiB, 5)], R, avail(0)).calls["c"]
+    assert d.growth_bps is None
+
+
+@pytest.mark.parametrize(
+    ("rate_mib", "state"),
+    [
+        (8, CallState.GROWING),
+        (4.5, CallState.GROWING),
+        (4, CallState.RESIDENT),  # |ĝ| <= 4 MiB/s is resident, boundary included
+        (0, CallState.RESIDENT),
+        (-4, CallState.RESIDENT),
+        (-4.5, CallState.COOLING),
+        (-16, CallState.COOLING),
+    ],
+)
+def test_state_classification(rate_mib: float, state: CallState) -> None:
+    sim = Sim()
+    sim.add("c", rate_mib=rate_mib)
+    d = sim.warm().calls["c"]
+    assert d.growth_bps == pytest.approx(rate_mib * MiB)
+    assert d.state == state
+    assert d.demand_bytes == max(round(rate_mib * MiB), 0)
+
+
+def test_paused_growing_while_denied_then_growing_again() -> None:
+    sim = Sim()
+    sim.add("g", rate_mib=16)
+    sim.warm()
+    for _ in range(12):  # frozen ĝ while parked: stays paused, not resident
+        d = sim.step(R, avail(0)).calls["g"]
+        assert not d.allow
+        assert d.state == CallState.PAUSED_GROWING
+        assert d.growth_bps == pytest.approx(16 * MiB)
+    d = sim.step(G).calls["g"]
+    assert d.allow and d.state == CallState.GROWING
+
+
+# -- green / yellow / red --------------------------------------------------------------------
+
+
+def test_green_allows_everything_even_just_denied() -> None:
+    sim = Sim()
+    sim.add("a", rate_mib=64)
+    sim.add("b", rate_mib=128)
+    sim.add("r", rate_mib=0)
+    sim.warm()
+    assert not sim.step(R, avail(0)).allow["a"]
+    d = sim.step(G, avail(0))  # 1/8 s after the deny: green overrides D_min
+    assert d.allow == {"a": True, "b": True, "r": True}
+    assert {c.reason for c in d.calls.values()} == {Reason.GREEN}
+    assert d.slot_limit is None
+
+
+def test_yellow_slot_limit_b() -> None:
+    sim = Sim()
+    for cid, rate in [("a", 24), ("b", 8), ("c", 16)]:
+        sim.add(cid, rate_mib=rate)
+    sim.add("r", rate_mib=1)
+    sim.add("cool", rate_mib=-32, memory_mib=1024)
+    sim.warm()
+    d = sim.step(Y)
+    assert d.budget == 1 and d.slot_limit == 1
+    assert d.allow == {"a": False, "b": True, "c": False, "r": True, "cool": True}
+    assert d.calls["b"].reason == Reason.ADMITTED
+    assert d.calls["a"].reason == d.calls["c"].reason == Reason.NO_SLOT
+    assert d.calls["r"].reason == d.calls["cool"].reason == Reason.ZERO_DEMAND
+
+
+def test_yellow_aggregate_demand_within_headroom() -> None:
+    sim = Sim(budget_initial=4)
+    for cid, rate in [("a", 8), ("b", 16), ("c", 24)]:
+        sim.add(cid, rate_mib=rate)
+    d = sim.step(Y)  # first observation: nothing to compare with, so no halving
+    assert d.budget == 4 and all(d.allow.values())  # 3 * d_boot fits in a large H
+    d = sim.step(Y, avail(33))
+    # 8 fits (25 left), 16 fits (9 left), 24 doesn't: the headroom binds, not the slots.
+    assert d.allow == {"a": True, "b": True, "c": False}
+    assert d.calls["c"].reason == Reason.NO_HEADROOM
+    total = sum(c.demand_bytes for c in d.calls.values() if c.allow)
+    assert total == 24 * MiB <= d.headroom_bytes == 33 * MiB
+
+
+def test_yellow_slots_and_headroom_both_bind() -> None:
+    sim = Sim()
+    for cid, rate in [("a", 8), ("b", 16), ("c", 4.5)]:
+        sim.add(cid, rate_mib=rate)
+    sim.step(G, n=81)  # 10 s of green: b = 3
+    d = sim.step(Y, avail(100))  # green -> yellow: b = 1
+    assert d.budget == 1
+    assert d.allow == {"a": False, "b": False, "c": True}
+
+
+def test_yellow_zero_demand_calls_run_without_headroom_and_reserve_it() -> None:
+    sim = Sim()
+    sim.add("r", rate_mib=3)  # resident, but still growing 3 MiB per horizon
+    sim.add("cool", rate_mib=-8, memory_mib=1024)
+    sim.add("g", rate_mib=8)
+    sim.warm()
+    d = sim.step(Y, avail(0))
+    assert d.allow == {"r": True, "cool": True, "g": False}
+    sim.step(G)
+    # H = 10 MiB: the resident's 3 MiB are reserved first, so the 8 MiB grower doesn't fit.
+    d = sim.step(Y, avail(10))
+    assert d.allow["r"] and not d.allow["g"]
+    assert d.calls["g"].reason == Reason.NO_HEADROOM
+    sim.step(G)
+    assert sim.step(Y, avail(11)).allow["g"]
+
+
+def test_red_single_probe_with_headroom_check() -> None:
+    sim = Sim(budget_initial=4)
+    for cid, rate in [("a", 24), ("b", 8), ("c", 16)]:
+        sim.add(cid, rate_mib=rate)
+    sim.add("r", rate_mib=0)
+    sim.warm()
+    d = sim.step(R)
+    assert d.slot_limit == 1
+    assert d.allow == {"a": False, "b": True, "c": False, "r": True}
+    assert d.calls["b"].reason == Reason.PROBE
+    assert d.calls["a"].reason == Reason.NO_SLOT
+
+    sim = Sim()
+    for cid, rate in [("a", 24), ("b", 8)]:
+        sim.add(cid, rate_mib=rate)
+    sim.add("r", rate_mib=0)
+    sim.warm()
+    d = sim.step(R, avail(7))  # even the smallest probe (8 MiB) doesn't fit in H = 7 MiB
+    assert d.allow == {"a": False, "b": False, "r": True}
+    assert d.calls["b"].reason == Reason.NO_HEADROOM
+
+
+# -- AIMD on b -------------------------------------------------------------------------------
+
+
+def test_aimd_additive_increase_per_5s_continuous_green() -> None:
+    sim = Sim()
+    sim.add("a")
+    budgets = [sim.step(G).budget for _ in range(int(21 / STEP))]  # t = 0 .. 20.875
+    at = {round(i * STEP, 3): b for i, b in enumerate(budgets)}
+    assert at[4.875] == 1 and at[5.0] == 2
+    assert at[9.875] == 2 and at[10.0] == 3
+    assert at[15.0] == 4 and at[20.0] == 4  # capped at b_max
+
+
+def test_aimd_halves_once_per_pressure_increase() -> None:
+    sim = Sim()
+    sim.add("a")
+    sim.step(G, n=121)
+    assert sim.ctl.budget == 4
+    assert [sim.step(Y).budget for _ in range(10)] == [2] * 10  # once, not per period
+    assert sim.step(R).budget == 1
+    assert sim.step(Y).budget == 1  # a decrease doesn't touch b
+    assert sim.step(R).budget == 1  # floor at 1
+
+    sim = Sim(budget_initial=4)
+    sim.add("a")
+    sim.step(G)
+    assert sim.step(R).budget == 2  # green -> red counts once: 4 -> 2, not 1
+    assert sim.step(R).budget == 2
+
+
+def test_aimd_green_must_be_continuous() -> None:
+    sim = Sim(budget_initial=2)
+    sim.add("a")
+    sim.step(G, n=40)  # 4.875 s of green
+    assert sim.step(Y).budget == 1
+    b = [sim.step(G).budget for _ in range(41)]  # the green timer restarted at the yellow
+    assert b[39] == 1 and b[40] == 2
+
+
+# -- anti-flapping, overdue, tie-break -------------------------------------------------------
+
+
+def test_min_deny_keeps_a_fresh_deny() -> None:
+    sim = Sim()
+    sim.add("a", rate_mib=8)
+    sim.add("b", rate_mib=16)
+    sim.warm()
+    d = sim.step(Y)
+    assert d.allow == {"a": True, "b": False}
+    denied_at = sim.clock()
+    sim.remove("a")  # the slot is free now, but b was denied < 1 s ago
+    for _ in range(7):
+        d = sim.step(Y).calls["b"]
+        assert not d.allow and d.reason == Reason.MIN_DENY
+    d = sim.step(Y).calls["b"]
+    assert sim.clock() - denied_at == 1.0
+    assert d.allow and d.reason == Reason.ADMITTED and d.denied_for_s == 1.0
+
+
+def test_overdue_checked_first_and_tie_break_order() -> None:
+    sim = Sim()
+    sim.add("g-d", rate_mib=24)
+    sim.add("g-c", rate_mib=16)
+    sim.add("g-b", rate_mib=8)
+    sim.add("g-a", rate_mib=8)
+    sim.add("r", rate_mib=0)
+    sim.add("c", rate_mib=-8, memory_mib=1024)
+    sim.warm()
+    d = sim.step(Y)
+    denied_at = sim.clock()
+    assert d.allow == {"g-a": True, "g-b": False, "g-c": False, "g-d": False, "r": True, "c": True}
+    d = sim.step(Y, n=23)  # denied 2.875 s: eligible, not overdue
+    assert sim.clock() - denied_at == 2.875
+    assert d.order == ("r", "c", "g-a", "g-b", "g-c", "g-d")  # state, demand, id
+    assert d.allow["g-a"] and not d.allow["g-b"]
+    d = sim.step(Y)  # denied 3 s: overdue, checked before everyone else
+    overdue = {cid for cid, c in d.calls.items() if c.overdue}
+    assert overdue == {"g-b", "g-c", "g-d"}
+    assert d.order == ("g-b", "g-c", "g-d", "r", "c", "g-a")
+    assert d.allow == {"g-a": False, "g-b": True, "g-c": False, "g-d": False, "r": True, "c": True}
+    assert d.calls["g-a"].reason == Reason.NO_SLOT
+    # g-b keeps first place for readmit_grace_s, so the other overdue calls don't preempt it
+    # every period; g-a, just denied, is held by D_min meanwhile.
+    d = sim.step(Y, n=7)
+    assert d.order[0] == "g-b" and d.allow["g-b"]
+    assert d.calls["g-a"].reason == Reason.MIN_DENY
+    # Then the slot goes round the overdue calls, one grace period each, in tie-break order.
+    turns = []
+    for _ in range(3):
+        d = sim.step(Y)
+        turns.append([cid for cid, ok in d.allow.items() if ok and cid.startswith("g-")])
+        d = sim.step(Y, n=7)
+        assert turns[-1] == [cid for cid, ok in d.allow.items() if ok and cid.startswith("g-")]
+    assert turns == [["g-c"], ["g-d"], ["g-a"]]
+
+
+def test_readmit_grace_never_overrides_the_limits() -> None:
+    sim = Sim()
+    sim.add("a", rate_mib=8)
+    sim.add("b", rate_mib=16)
+    sim.warm()
+    sim.step(Y, n=25)  # b denied at 0.25, overdue and re-admitted at 3.25
+    assert sim.last is not None and sim.last.allow["b"] and sim.last.order[0] == "b"
+    d = sim.step(R, avail(12))  # in grace, but 16 MiB no longer fits: denied at once
+    assert not d.allow["b"] and d.calls["b"].reason == Reason.NO_HEADROOM
+
+
+def test_overdue_still_needs_headroom() -> None:
+    """Overdue changes the order, not the limits: a big overdue call can't break H."""
+    sim = Sim()
+    sim.add("small", rate_mib=8)
+    sim.add("big", rate_mib=64)
+    sim.warm()
+    d = sim.step(Y, avail(32), n=30)
+    assert d.calls["big"].overdue
+    assert d.calls["big"].reason == Reason.NO_HEADROOM
+    assert d.allow["small"]
+
+
+# -- hold cap --------------------------------------------------------------------------------
+
+
+def test_hold_cap_forces_an_allow_in_red() -> None:
+    sim = Sim()
+    sim.add("g", rate_mib=16, memory_mib=100)
+    sim.warm()
+    d = sim.step(R, avail(0))
+    denied_at = sim.clock()
+    assert not d.allow["g"]
+    d = sim.step(R, avail(0), n=159)
+    assert sim.clock() - denied_at == 19.875 and not d.allow["g"]
+    d = sim.step(R, avail(0))
+    c = d.calls["g"]
+    assert c.allow and c.forced and c.reason == Reason.HOLD_CAP
+    assert c.denied_for_s == 20.0 and c.held_s == 20.0
+    assert d.forced == {"g"}
+    d = sim.step(R, avail(0))  # one period, then held again in a new episode
+    assert not d.allow["g"] and d.calls["g"].reason == Reason.NO_HEADROOM
+    snap = sim.ctl.snapshot()["calls"]["g"]  # type: ignore[index]
+    assert (snap["episodes"], snap["forced_allows"]) == (2, 1)
+    assert sim.procs["g"].memory == 100 * MiB + 2 * MiB * 2 + 2 * MiB  # 2 warm + 1 forced period
+
+
+def test_hold_cap_takes_a_slot_in_yellow() -> None:
+    sim = Sim()
+    sim.add("small", rate_mib=8)
+    sim.add("big", rate_mib=64)
+    sim.warm()
+    d = sim.step(Y, avail(32), n=161)  # big never fits in H: held 20 s
+    assert d.calls["big"].forced and d.allow["big"]
+    assert not d.allow["small"] and d.calls["small"].reason == Reason.NO_SLOT
+
+
+# -- accounting and lifecycle ----------------------------------------------------------------
+
+
+def test_held_time_and_finished_summary() -> None:
+    sim = Sim()
+    sim.add("g", rate_mib=16)
+    sim.step(G, n=8)  # 0.875 s
+    d = sim.step(R, avail(0), n=13)  # denied at t=1.0, held through 2.5
+    assert d.calls["g"].held_s == 1.5
+    sim.step(G, n=5)  # allowed at 2.625 until 3.125
+    sim.step(R, avail(0), n=4)  # denied at 3.25, held through 3.625
+    s = sim.ctl.finished("g")
+    assert s is not None
+    # Live finish at 3.625: episodes [1.0, 2.625) + [3.25, 3.625)
+    assert s.held_s == 1.625 + 0.375
+    assert s.episodes == 2 and s.longest_hold_s == 1.625
+    assert s.run_time_s == 3.625
+    assert s.feedback() == "held 2.0 of 3.6 s"
+    assert sim.ctl.finished("g") is None
+    assert sim.ctl.snapshot()["calls"] == {}
+
+
+def test_disappearing_calls_are_forgotten_and_summarised_once() -> None:
+    sim = Sim()
+    sim.add("a", rate_mib=8)
+    sim.add("b", rate_mib=16)
+    sim.warm()
+    sim.step(Y, n=4)  # b denied at 0.25 for 3 more periods
+    sim.remove("b")
+    d = sim.step(Y)
+    assert d.vanished == ("b",)
+    assert set(d.allow) == {"a"}
+    assert "b" not in sim.ctl.snapshot()["calls"]  # type: ignore[operator]
+    assert sim.ctl.snapshot()["finished_pending"] == ["b"]
+    s = sim.ctl.finished("b")
+    assert s is not None and s.held_s == 0.375  # up to the last period it was seen in
+    assert s.last_state == CallState.PAUSED_GROWING
+    assert sim.ctl.finished("b") is None
+    assert sim.step(Y).vanished == ()
+
+
+def test_finished_buffer_is_bounded() -> None:
+    sim = Sim(finished_buffer=2)
+    for cid in "abc":
+        sim.add(cid)
+    sim.step(G)
+    for cid in "abc":
+        sim.remove(cid)
+    assert sim.step(G).vanished == ("a", "b", "c")
+    assert sim.ctl.finished("a") is None  # oldest dropped
+    assert sim.ctl.finished("c") is not None
+
+
+def test_duplicate_sample_rejected() -> None:
+    ctl = GrowthController(GrowthConfig(), FakeClock())
+    with pytest.raises(ValueError):
+        ctl.update([Sample("a", 0, 0), Sample("a", 1, 1)], G, BIG)
+
+
+def test_snapshot_is_json_ready() -> None:
+    sim = Sim()
+    sim.add("a", rate_mib=8)
+    sim.warm()
+    sim.step(R, avail(0), n=3)
+    snap = sim.ctl.snapshot()
+    assert json.loads(json.dumps(snap)) == snap
+    assert snap["pressure"] == "red"
+    a = snap["calls"]["a"]  # type: ignore[index]
+    assert a["state"] == "paused_growing" and a["allowed"] is False
+    assert a["denied_for_s"] == 0.25
+
+
+# -- last resort -----------------------------------------------------------------------------
+
+
+def _s(cid: str, u_mib: float, d_mib: float | None, started: float) -> Sample:
+    return Sample(cid, int(u_mib * MiB), 0, None if d_mib is None else int(d_mib * MiB), started)
+
+
+def test_last_resort_hand_computed() -> None:
+    samples = [
+        _s("a", 300, 100, 0.0),  # (300 - 100) / 10 = 20 MiB/s
+        _s("b", 150, None, 5.0),  # (150 - 0) / 5 = 30 MiB/s
+        _s("c", 50, 100, 0.0),  # within its declaration: never a victim
+        _s("d", 2.5, None, 9.95),  # T floored to 0.1 s: 25 MiB/s (not 50)
+    ]
+    v = pick_last_resort_victim(samples, now=10.0, red_for_s=2.0, headroom_bytes=63 * MiB)
+    assert v is not None
+    assert v.call_id == "b"
+    assert v.excess_bytes == 150 * MiB and v.run_time_s == 5.0
+    assert v.score == pytest.approx(30 * MiB)
+    v = pick_last_resort_victim(
+        [*samples[2:], _s("e", 4, None, 9.99)], now=10.0, red_for_s=3.0, headroom_bytes=0
+    )
+    assert v is not None and v.call_id == "e" and v.score == pytest.approx(40 * MiB)
+    assert v.run_time_s == 0.1
+
+
+def test_last_resort_preconditions() -> None:
+    samples = [_s("a", 300, 100, 0.0)]
+    kw = {"now": 10.0}
+    assert pick_last_resort_victim(samples, red_for_s=1.9, headroom_bytes=0, **kw) is None
+    assert pick_last_resort_victim(samples, red_for_s=5, headroom_bytes=64 * MiB, **kw) is None
+    within = [_s("a", 100, 100, 0.0), _s("b", 10, 20, 0.0)]
+    assert pick_last_resort_victim(within, red_for_s=5, headroom_bytes=0, **kw) is None
+    assert pick_last_resort_victim([], red_for_s=5, headroom_bytes=0, **kw) is None
+
+
+def test_last_resort_uses_the_red_streak_seen_by_the_controller() -> None:
+    sim = Sim()
+    p = sim.add("hog", rate_mib=0, memory_mib=512, declared=128 * MiB)
+    sim.warm()
+    sim.step(R, avail(0), n=16)  # red since 0.25, now 2.125: 1.875 s
+    assert sim.ctl.last_resort_victim([p.sample()], avail(10)) is None
+    sim.step(R, avail(0))  # 2.0 s of red
+    v = sim.ctl.last_resort_victim([p.sample()], avail(10))
+    assert v is not None and v.call_id == "hog"
+    assert v.score == pytest.approx(384 * MiB / 2.25)
+    assert sim.ctl.last_resort_victim([p.sample()], avail(64)) is None  # not critical
+    sim.step(Y)
+    assert sim.ctl.last_resort_victim([p.sample()], avail(0)) is None  # streak broken

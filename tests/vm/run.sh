@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Host side of the test bed: packs this checkout and the wheels it needs into a payload, boots
+# the VM on it (tests/vm/boot.sh) and prints what came back.
+#   tests/vm/run.sh [test|bench|cmd] [RESULTS_DIR]
+#     test   the end-to-end suite (pytest inside the VM); EXECGATE_E2E_ARGS adds pytest args
+#     bench  the exec-latency benchmark
+#     cmd    the shell command in $EXECGATE_VM_CMD
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+mode=${1:-test}
+results=${2:-$repo/results/vm-$mode}
+timeout_s=${EXECGATE_VM_TIMEOUT:-2400}
+wheels_cache=${EXECGATE_WHEELS_CACHE:-/var/cache/execgate-vm/wheels}
+
+payload=$(mktemp -d "${TMPDIR:-/tmp}/execgate-payload.XXXXXX")
+trap 'rm -rf "$payload"' EXIT
+
+# The VM has no network: what pip needs inside comes from here (trixie runs Python 3.13).
+if [[ ! -f $wheels_cache/.done ]]; then
+    mkdir -p "$wheels_cache"
+    python3 -m pip download --quiet --disable-pip-version-check -d "$wheels_cache" \
+        --only-binary=:all: --python-version 3.13 --platform manylinux2014_x86_64 \
+        --platform manylinux_2_17_x86_64 --implementation cp \
+        "msgpack>=1.0" "setuptools>=61" wheel
+    touch "$wheels_cache/.done"
+fi
+mkdir -p "$payload/wheels"
+cp "$wheels_cache"/*.whl "$payload/wheels/"
+
+mkdir -p "$payload/src"
+if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
+    # Tracked and untracked-but-not-ignored files: what a fresh clone would have, plus new work.
+    git -C "$repo" ls-files -z --cached --others --exclude-standard \
+        | (cd "$repo" && xargs -0 cp --parents -t "$payload/src" 2>/dev/null) || true
+else
+    cp -a "$repo/." "$payload/src/"
+fi
+cp "$here/guest-run.sh" "$payload/run.sh"
+echo "$mode" >"$payload/mode"
+[[ $mode == cmd ]] && printf '%s\n' "${EXECGATE_VM_CMD:?EXECGATE_VM_CMD is empty}" >"$payload/cmd"
+# EXECGATE_* settings (test arguments, cycle counts, ...) follow the payload into the VM.
+for v in ${!EXECGATE_@}; do printf 'export %s=%q\n' "$v" "${!v}"; done >"$payload/env"
+
+set +e
+"$here/boot.sh" "$payload" "$results" "$timeout_s"
+rc=$?
+set -e
+echo "[vm] results in $results (rc=$rc)" >&2
+exit $rc
