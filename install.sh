@@ -48,18 +48,32 @@ runtime_path=$bindir/execgate
 docker_json() { python3 "$src/ctl/daemon_json.py" "$@"; }
 
 reload_docker() {
-    # Runtimes are re-read on SIGHUP: no restart, running containers are untouched.
+    # Runtimes are re-read on SIGHUP: no restart, running containers are untouched. The reload
+    # is asynchronous: wait until dockerd lists the runtime as it should (or not) be.
+    local want=$1
     if have_systemd && systemctl is-active --quiet docker 2>/dev/null; then
-        systemctl reload docker && say "reloaded docker"
+        systemctl reload docker || return 0
     elif pid=$(pidof dockerd 2>/dev/null); then
-        kill -HUP $pid && say "sent SIGHUP to dockerd"
+        kill -HUP $pid || return 0
+    else
+        return 0
     fi
+    command -v docker >/dev/null || return 0
+    for _ in $(seq 1 100); do
+        if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q "\"$name\""; then
+            [[ $want == present ]] && { say "docker reloaded: runtime '$name' available"; return 0; }
+        else
+            [[ $want == absent ]] && { say "docker reloaded: runtime '$name' removed"; return 0; }
+        fi
+        sleep 0.2
+    done
+    say "warning: docker did not pick up the change within 20 s (see journalctl -u docker)"
 }
 
 if [[ $uninstall == 1 ]]; then
     if [[ $docker == 1 && -f $daemon_json ]]; then
         docker_json remove "$daemon_json" "$name" "$runtime_path" || die "daemon.json left as it was"
-        reload_docker
+        reload_docker absent
     fi
     if have_systemd && [[ -f $unit ]]; then
         systemctl disable --now execgated.service >/dev/null 2>&1 || true
@@ -117,6 +131,6 @@ fi
 
 if [[ $docker == 1 ]]; then
     docker_json add "$daemon_json" "$name" "$runtime_path"
-    reload_docker
+    reload_docker present
     say "use it with: docker run --runtime $name ..."
 fi

@@ -28,6 +28,9 @@ class Config:
     # Daemon socket and the runtime's budget for talking to it (fail open past it).
     socket: str = "/run/execgate/execgated.sock"
     daemon_timeout_ms: int = 200
+    # oom_score_adj of every tool call (raised, never lowered): the kernel picks tool calls as
+    # OOM victims before the agent and the container's init (-1000..1000; 0 leaves it alone).
+    tool_oom_score_adj: int = 500
     # Per-exec cgroups; false makes execgate a pure passthrough.
     per_exec_cgroups: bool = True
     errors: tuple[str, ...] = field(default=(), compare=False)

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from execgate.cgroups import v2
+from execgate.common import meminfo
 
 
 @dataclass(frozen=True)
@@ -17,17 +18,6 @@ class DomainSample:
     budget: int  # the domain's size
     used: int
     psi_some_avg10: float | None
-
-
-def _meminfo() -> dict[str, int]:
-    out = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                out[key] = int(parts[0]) * 1024
-    return out
 
 
 def _psi_some_avg10(path: str) -> float | None:
@@ -60,7 +50,7 @@ class Domain:
 
     def sample(self) -> DomainSample:
         if self.cgroup is None or not os.path.isdir(self.cgroup):
-            mem = _meminfo()
+            mem = meminfo.read()
             budget = self.budget_override or mem["MemTotal"]
             available = mem.get("MemAvailable", mem.get("MemFree", 0))
             if self.budget_override:  # a configured budget smaller than the host's
@@ -73,11 +63,11 @@ class Domain:
         if self.budget_override:
             budget = self.budget_override
         elif raw_max == "max":
-            budget = _meminfo()["MemTotal"]
+            budget = meminfo.read()["MemTotal"]
         else:
             budget = int(raw_max)
         available = max(budget - current, 0)
         if raw_max == "max":  # an unlimited cgroup is still bounded by the host
-            available = min(available, _meminfo().get("MemAvailable", available))
+            available = min(available, meminfo.read().get("MemAvailable", available))
         return DomainSample(available, budget, current,
                             _psi_some_avg10(os.path.join(self.cgroup, "memory.pressure")))

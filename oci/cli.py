@@ -120,6 +120,26 @@ class Invocation:
             flags.positionals = self.command_args[stop:]
         return flags
 
+    def replace_command_flag(self, argv: list[str], name: str, value: str) -> list[str]:
+        """argv (this invocation's, maybe already spliced) with the value of a subcommand flag
+        replaced wherever it is spelled (`--f v`, `-f v`, `--f=v`); flags stop at the first
+        positional, as runc's own parsing does."""
+        out = list(argv)
+        values = SUBCOMMAND_VALUE_FLAGS.get(self.command or "", frozenset())
+        i = out.index(self.command, self.command_index) + 1 if self.command else len(out)
+        while i < len(out):
+            split = _split_flag(out[i])
+            if split is None:
+                break
+            flag, inline = split
+            if ALIASES.get(flag, flag) == name:
+                if inline is not None:
+                    out[i] = out[i].split("=", 1)[0] + "=" + value
+                elif i + 1 < len(out):
+                    out[i + 1] = value
+            i += 2 if inline is None and flag in values else 1
+        return out
+
     def with_command_flags(self, extra: list[str]) -> list[str]:
         """argv with extra flags placed right after the subcommand token."""
         i = self.command_index + 1

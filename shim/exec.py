@@ -16,7 +16,7 @@ from execgate.cgroups import container, v2
 from execgate.common import hints, records
 from execgate.oci import process as process_mod
 
-from . import admit, feedback, watcher
+from . import admit, console, feedback, watcher
 from .context import Context
 
 
@@ -84,7 +84,24 @@ def handle(ctx: Context) -> list[str]:
     call["forced"] = bool(answer.get("forced")) if answer else False
     if answer and not call["tty"] and feedback.should_report_delay(call["waited_s"]):
         _stderr(feedback.admission_delayed(call["waited_s"]))
+    if spec and ctx.config.tool_oom_score_adj:
+        try:
+            process_mod.raise_oom_score_adj(flags.get("process") or "",
+                                            ctx.config.tool_oom_score_adj)
+        except (OSError, ValueError) as e:
+            ctx.log.warning(f"exec in {cid}: oom_score_adj not raised: {e}")
     container.make_tool_cgroup(cg, name)
+    out = ctx.inv.with_command_flags(["--cgroup", name])
+    proxy = None
+    engine_socket = flags.get("console-socket")
+    if call["tty"] and engine_socket:
+        try:
+            proxy = console.Proxy(os.path.join(ctx.config.state_dir, "console", name + ".sock"),
+                                  engine_socket)
+            out = ctx.inv.replace_command_flag(out, "console-socket", proxy.path)
+        except OSError as e:
+            ctx.log.warning(f"exec in {cid}: no terminal feedback ({e})")
+            proxy = None
     call["start"] = time.time()
-    watcher.spawn(call, flags.get("pid-file"), ctx.config.journal, ctx.log)
-    return ctx.inv.with_command_flags(["--cgroup", name])
+    watcher.spawn(call, flags.get("pid-file"), ctx.config.journal, ctx.log, proxy)
+    return out

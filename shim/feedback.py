@@ -234,7 +234,7 @@ def hint_ignored(value: str, reason: str) -> str:
     head = f"Ignored {ENV_NAME}={quote(value)}: "
     tail = "; the call ran without a hint."
     room = MAX_LINE - len(TAG) - 1 - len(head) - len(tail)
-    why = escape(reason)
+    why = escape(reason).removeprefix(quote(value) + ": ")  # the parser names the item too
     if len(why) > room:
         why = why[: max(room - 3, 0)] + "..."
     return _message(head + why + tail)

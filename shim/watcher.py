@@ -18,8 +18,10 @@ import time
 from typing import Any
 
 from execgate.cgroups import v2
-from execgate.common import records
+from execgate.common import meminfo, records
 from execgate.oci.runclog import RuncLog
+
+from . import console, feedback
 
 # struct pidfd_info, first version (64 bytes): mask, cgroupid, eleven ids, exit_code.
 _PIDFD_INFO = struct.Struct("=QQ11Ii")
@@ -28,8 +30,14 @@ _PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11  # _IOWR(0xFF, 11, 64 bytes)
 
 
-def spawn(call: dict[str, Any], pid_file: str | None, journal: str, log: RuncLog) -> None:
-    """Fork the watcher off (double fork) and return at once in the caller."""
+def spawn(call: dict[str, Any], pid_file: str | None, journal: str, log: RuncLog,
+          proxy: console.Proxy | None = None) -> None:
+    """Fork the watcher off (double fork) and return at once in the caller.
+
+    For a non-TTY call the watcher keeps a duplicate of the call's stderr (our fd 2), so it
+    can tell the agent what happened after the call ends; it closes it as soon as it has. For a
+    TTY call it relays the console socket (shim/console.py) and keeps the terminal instead.
+    """
     try:
         runtime_pidfd = os.pidfd_open(os.getpid())  # this process, soon to be runc
     except OSError as e:
@@ -38,28 +46,40 @@ def spawn(call: dict[str, Any], pid_file: str | None, journal: str, log: RuncLog
     pid = os.fork()
     if pid:
         os.close(runtime_pidfd)
+        if proxy is not None:
+            proxy.sock.close()  # the watcher owns it now (the path stays for runc)
         os.waitpid(pid, 0)
         return
     try:
         os.setsid()
         if os.fork():
             os._exit(0)
-        _detach(keep=runtime_pidfd)
-        watch(call, runtime_pidfd, pid_file, journal, log)
+        stderr = None if call.get("tty") else os.dup(2)
+        keep = {runtime_pidfd} | ({stderr} if stderr is not None else set())
+        if proxy is not None:
+            keep.add(proxy.fileno())
+        _detach(keep=keep)
+        if proxy is not None:
+            stderr = proxy.relay(runtime_pidfd)
+        watch(call, runtime_pidfd, pid_file, journal, log, stderr)
     except BaseException as e:  # noqa: BLE001 - a watcher must never raise into anything
         log.warning(f"call {call.get('call')}: watcher failed: {type(e).__name__}: {e}")
     finally:
         os._exit(0)
 
 
-def _detach(keep: int) -> None:
-    """Drop the caller's stdio and every inherited fd: the call's streams must close on time."""
+def _detach(keep: set[int]) -> None:
+    """Drop the caller's stdio and every other inherited fd: the call's streams must close on
+    time, and nothing of containerd's may outlive its exec in us."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 65536)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
 
 
 def _wait_readable(fd: int, timeout: float | None = None) -> bool:
@@ -87,14 +107,56 @@ def _wait_empty(cg: str) -> None:
         os.close(fd)
 
 
-def _open_exec_pidfd(pid_file: str | None) -> int | None:
-    if not pid_file:
-        return None
+def _wait_runtime(runtime_pidfd: int, cg: str) -> dict[int, int]:
+    """Wait for runc to exit; meanwhile take a pidfd on every task that enters the cgroup.
+
+    The call's process joins the tool cgroup (populated 1) before it execs the command, under
+    the pid it keeps; a pidfd taken then outlives the shim's reaping, so even a command that
+    ends in microseconds leaves us its exit status.
+    """
+    pidfds: dict[int, int] = {}
     try:
-        with open(pid_file) as f:
-            return os.pidfd_open(int(f.read().strip()))
-    except (OSError, ValueError):
-        return None  # already reaped: the status is lost, the memory figures are not
+        events = os.open(os.path.join(cg, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        _wait_readable(runtime_pidfd)
+        return pidfds
+    try:
+        p = select.poll()
+        p.register(runtime_pidfd, select.POLLIN)
+        p.register(events, select.POLLPRI | select.POLLERR)
+        while True:
+            os.lseek(events, 0, os.SEEK_SET)
+            if "populated 1" in os.read(events, 4096).decode():
+                for pid in v2.procs(cg):
+                    if pid not in pidfds:
+                        try:
+                            pidfds[pid] = os.pidfd_open(pid)
+                        except OSError:
+                            continue
+            if any(fd == runtime_pidfd for fd, _ in p.poll(5000)):
+                return pidfds
+    finally:
+        os.close(events)
+
+
+def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> int | None:
+    """The pidfd of the exec's own process (named by runc's pid file), others closed."""
+    pid = None
+    if pid_file:
+        try:
+            with open(pid_file) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            pid = None
+    chosen = pidfds.pop(pid, None) if pid is not None else None
+    for fd in pidfds.values():
+        os.close(fd)
+    if chosen is None and pid is not None:
+        try:
+            chosen = os.pidfd_open(pid)
+        except OSError:
+            return None  # already reaped: the status is lost, the memory figures are not
+    return chosen
 
 
 def _exit_status(pidfd: int | None, cgroup_id: int) -> int | None:
@@ -145,17 +207,54 @@ def outcome(cg: str) -> dict[str, Any]:
     }
 
 
+def _tell_agent(call: dict[str, Any], entry: dict[str, Any], stderr: int) -> None:
+    """Feedback on the call's own stderr (or terminal), written before the stream closes.
+
+    Nothing is written for a call that simply succeeded. A non-TTY call was told about an
+    admission delay before it started; a TTY call is told here, with the rest.
+    """
+    messages = []
+    if call.get("tty") and feedback.should_report_delay(call.get("waited_s") or 0.0):
+        messages.append(feedback.admission_delayed(call["waited_s"]))
+    if entry["oom_killed"]:
+        messages.append(_oom_message(call, entry))
+    if not messages:
+        return
+    try:
+        if call.get("tty"):
+            console.write_to_terminal(stderr, "".join(messages))
+        else:
+            os.write(stderr, feedback.compose(*messages))
+    except OSError:
+        pass
+
+
+def _oom_message(call: dict[str, Any], entry: dict[str, Any]) -> str:
+    parent = os.path.dirname(call["cgroup"])
+    limit = v2.read_int(parent, "memory.max")
+    used = v2.read_int(parent, "memory.current")
+    if limit is not None and used is not None:
+        available = max(limit - used, 0)
+    else:
+        available = meminfo.available()
+    return feedback.oom_killed(entry.get("memory_peak"), available, limit, call.get("argv") or [])
+
+
 def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journal: str,
-          log: RuncLog) -> None:
+          log: RuncLog, stderr: int | None = None) -> None:
     cg = call["cgroup"]
     cgroup_id = os.stat(cg).st_ino
-    _wait_readable(runtime_pidfd)  # runc has exited: the call is placed, or never will be
+    # Once runc has exited the call is placed, or never will be.
+    exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg))
     os.close(runtime_pidfd)
-    exec_pidfd = _open_exec_pidfd(pid_file)
     _wait_empty(cg)
     end = time.time()
     entry = dict(call)
     entry.update(outcome(cg))
+    entry["oom_killed"] = bool(entry["oom_kill"] or entry["oom_group_kill"])
+    if stderr is not None:
+        _tell_agent(call, entry, stderr)
+        os.close(stderr)
     if not v2.remove(cg):
         log.warning(f"call {call['call']}: cannot remove {cg}")
     entry.update(decode_status(_exit_status(exec_pidfd, cgroup_id)))
@@ -163,7 +262,6 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
         entry.update(exit_code=137, signal=9)
     entry["end"] = end
     entry["duration"] = round(end - call["start"], 6)
-    entry["oom_killed"] = bool(entry["oom_kill"] or entry["oom_group_kill"])
     try:
         records.append_journal(journal, entry)
     except OSError as e:

@@ -143,7 +143,8 @@ def test_top_and_stats(containers: Containers) -> None:
     for cid in pair.values():
         docker("exec", "-d", cid, "sleep", "60")
     wait_for(lambda: tool_cgroups(container_cgroup(pair["execgate"])), what="the exec")
-    tops = {rt: docker("top", cid, "-o", "comm").stdout.decode().split()
+    tops = {rt: [line.split()[-1] for line in
+                 docker("top", cid, "-o", "pid,comm").stdout.decode().splitlines()[1:]]
             for rt, cid in pair.items()}
     assert sorted(tops["execgate"]) == sorted(tops["runc"])
     assert tops["execgate"].count("sleep") == 2  # init and the exec, across init/ and tool-*

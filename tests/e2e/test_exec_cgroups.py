@@ -77,13 +77,18 @@ def test_container_limit_bounds_the_sum_and_oom_is_recorded(containers: Containe
     # 64 MiB fits; a second concurrent 64 MiB call pushes the sum over the container's limit.
     docker("exec", "-d", cid, "memhog", "64", "20")
     wait_for(lambda: tool_cgroups(cg), what="the first call")
-    big = docker("exec", cid, "memhog", "64", check=False)
-    assert big.returncode == 137, big
-    wait_for(lambda: any(e["argv"][:2] == ["memhog", "64"] and e["oom_killed"]
-                         for e in journal_for(cid)), what="the OOM kill in the journal")
-    killed = [e for e in journal_for(cid) if e["oom_killed"]]
+    second = docker("exec", cid, "memhog", "64", check=False)
+    assert second.returncode in (0, 137), second
+    entries = wait_for(lambda: len(journal_for(cid)) >= 2 and journal_for(cid), timeout=60,
+                       what="both calls in the journal")
+    # The kernel picks one of the two (either may be the larger); exactly one call dies, whole.
+    killed = [e for e in entries if e["oom_killed"]]
+    assert len(killed) == 1, entries
     assert killed[0]["exit_code"] == 137 and killed[0]["signal"] == 9
     assert killed[0]["memory_peak"] > 16 << 20
+    survivor = next(e for e in entries if not e["oom_killed"])
+    assert survivor["exit_code"] == 0
+    assert (second.returncode == 137) == (killed[0]["argv"] == ["memhog", "64"])
     # The container's init survived: a tool call is killed, never the container.
     assert docker("exec", cid, "true").returncode == 0
     assert docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip() == b"true"

@@ -18,8 +18,14 @@ CYCLES = int(os.environ.get("EXECGATE_LEAK_CYCLES", "200"))
 
 def rt(root: str, *args: str, check: bool = True, env: dict[str, str] | None = None,
        timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    p = subprocess.run([EXECGATE, "--root", root, *args], capture_output=True,
-                       stdin=subprocess.DEVNULL, env=env, timeout=timeout)
+    if "create" in args:  # the container inherits create's stdio: pipes would never close
+        p = subprocess.run([EXECGATE, "--root", root, *args], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                           timeout=timeout)
+        p.stdout = p.stderr = b""
+    else:
+        p = subprocess.run([EXECGATE, "--root", root, *args], capture_output=True,
+                           stdin=subprocess.DEVNULL, env=env, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"execgate {' '.join(args)} -> {p.returncode}: {p.stderr!r}")
     return p

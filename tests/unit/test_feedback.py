@@ -229,7 +229,7 @@ def test_hint_ignored() -> None:
     parsed = hints.parse("memory:lots")
     assert parsed.error is not None
     assert fb.hint_ignored("memory:lots", parsed.error) == (
-        "[execgate] Ignored AGENT_RESOURCE_HINT='memory:lots': 'memory:lots': expected low,"
+        "[execgate] Ignored AGENT_RESOURCE_HINT='memory:lots': expected low,"
         " medium, high or a size like 512m or 2g; the call ran without a hint.\n"
     )
 

@@ -1,0 +1,85 @@
+"""The agent's side: OOM-killed calls explain themselves on their own stderr (or terminal),
+successful calls get nothing extra, and the agent process outlives the call."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import time
+
+from conftest import Containers, docker, init_pid, journal_for, wait_for
+
+
+def test_oom_feedback_on_stderr_keeps_stdout_and_exit_code(containers: Containers) -> None:
+    cid = containers.run("--memory", "64m", "--memory-swap", "64m")
+    p = docker("exec", cid, "sh", "-c", "echo before; memhog 200", check=False)
+    assert p.returncode == 137
+    assert p.stdout == b"before\n"
+    lines = p.stderr.decode().splitlines()
+    ours = [line for line in lines if line.startswith("[execgate]")]
+    assert ours and len(ours) <= 5, lines
+    assert "Out of memory" in ours[0]
+    assert "Peak memory" in ours[1] and "container limit 64 MiB" in ours[1]
+
+
+def _tty(cid: str, *cmd: str) -> tuple[int, bytes]:
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvp("docker", ["docker", "exec", "-t", cid, *cmd])
+    out = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([fd], [], [], 1)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out
+
+
+def test_oom_feedback_on_a_terminal(containers: Containers) -> None:
+    cid = containers.run("--memory", "64m", "--memory-swap", "64m")
+    rc, out = _tty(cid, "sh", "-c", "echo before; memhog 200")
+    assert rc == 137, out
+    assert b"before" in out
+    assert b"[execgate] Out of memory" in out, out
+
+
+def test_successful_calls_print_nothing_extra(containers: Containers) -> None:
+    pair = {rt: containers.run(runtime=rt) for rt in ("runc", "execgate")}
+    outs = {rt: docker("exec", cid, "sh", "-c", "memhog 16; echo done; echo warn >&2")
+            for rt, cid in pair.items()}
+    assert outs["execgate"].stdout == outs["runc"].stdout == b"done\n"
+    assert outs["execgate"].stderr == outs["runc"].stderr == b"warn\n"
+    ttys = {rt: _tty(cid, "echo", "hi") for rt, cid in pair.items()}
+    assert ttys["execgate"] == ttys["runc"] == (0, b"hi\r\n")
+
+
+def test_agent_survives_a_call_that_blows_the_limit(containers: Containers) -> None:
+    # The "agent": a long-lived process that keeps 24 MiB and ticks.
+    agent = "memhog 24 3600 & while :; do date +%s > /tmp/alive; sleep 0.5; done"
+    cid = containers.run("--memory", "96m", "--memory-swap", "96m", cmd=("sh", "-c", agent))
+    pid = init_pid(cid)
+    wait_for(lambda: docker("exec", cid, "cat", "/tmp/alive", check=False).returncode == 0,
+             what="the agent")
+    p = docker("exec", cid, "memhog", "200", check=False)
+    assert p.returncode == 137
+    assert init_pid(cid) == pid and os.path.exists(f"/proc/{pid}")
+    before = docker("exec", cid, "cat", "/tmp/alive").stdout
+    time.sleep(2)
+    assert docker("exec", cid, "cat", "/tmp/alive").stdout != before, "the agent stopped"
+    killed = [e for e in journal_for(cid) if e["oom_killed"]]
+    assert killed and killed[0]["argv"] == ["memhog", "200"]
+
+
+def test_tool_calls_are_preferred_oom_victims(containers: Containers) -> None:
+    cid = containers.run()
+    assert docker("exec", cid, "cat", "/proc/self/oom_score_adj").stdout.strip() == b"500"
+    with open(f"/proc/{init_pid(cid)}/oom_score_adj") as f:
+        assert int(f.read()) < 500

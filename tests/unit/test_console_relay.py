@@ -1,0 +1,66 @@
+"""The console-socket relay against a real pty and real Unix sockets (no runc needed)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+from execgate.oci import cli
+from execgate.shim import console
+
+
+def test_relay_forwards_master_and_keeps_the_slave(tmp_path: Path) -> None:
+    engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    engine.bind(str(tmp_path / "engine.sock"))
+    engine.listen(1)
+    proxy = console.Proxy(str(tmp_path / "c" / "proxy.sock"), str(tmp_path / "engine.sock"))
+    master, slave0 = os.openpty()
+    os.close(slave0)
+    got: dict[str, object] = {}
+
+    def fake_engine() -> None:
+        conn, _ = engine.accept()
+        with conn:
+            data, fds, _, _ = socket.recv_fds(conn, 4096, 1)
+        got["data"], got["fd"] = data, fds[0]
+
+    t = threading.Thread(target=fake_engine)
+    t.start()
+    runc = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    runc.connect(proxy.path)
+    socket.send_fds(runc, [b"/dev/pts/7"], [master])
+    runc.close()
+    os.close(master)
+    rfd, wfd = os.pipe()  # stands in for runc's pidfd: never readable here
+    slave = console.Proxy.relay(proxy, rfd)
+    t.join(5)
+    assert got["data"] == b"/dev/pts/7"
+    assert slave is not None
+    console.write_to_terminal(slave, "[execgate] note\n")
+    os.close(slave)
+    out = os.read(int(got["fd"]), 1024)  # type: ignore[arg-type]
+    assert out.replace(b"\r", b"") == b"[execgate] note\n"
+    assert not os.path.exists(proxy.path)
+    for fd in (rfd, wfd, int(got["fd"])):  # type: ignore[arg-type]
+        os.close(fd)
+
+
+def test_relay_gives_up_when_runc_exits_without_connecting(tmp_path: Path) -> None:
+    proxy = console.Proxy(str(tmp_path / "p.sock"), str(tmp_path / "none.sock"))
+    rfd, wfd = os.pipe()
+    os.write(wfd, b"x")  # "runc exited"
+    assert proxy.relay(rfd) is None
+    assert not os.path.exists(proxy.path)
+
+
+def test_replace_console_socket_in_every_spelling() -> None:
+    for spelled in (["--console-socket", "/e"], ["-console-socket", "/e"],
+                    ["--console-socket=/e"]):
+        inv = cli.parse(["--root", "/r", "exec", "-t", *spelled, "--process", "/p", "cid"])
+        out = inv.with_command_flags(["--cgroup", "tool-1"])
+        out = inv.replace_command_flag(out, "console-socket", "/mine")
+        assert "/e" not in out and "--console-socket=/e" not in out, out
+        assert any(a.endswith("/mine") for a in out)
+        assert out[-1] == "cid" and "/p" in out and out[out.index("--cgroup") + 1] == "tool-1"
