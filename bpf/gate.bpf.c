@@ -239,6 +239,26 @@ static bool should_hold(struct task_struct *p)
 	return !never_hold(p) && in_denied_cgroup(p);
 }
 
+/* Why a parked task leaves HELD_DSQ. */
+enum release_why {
+	KEEP,		/* still denied: stays parked */
+	KILLED,		/* SIGKILL pending or exiting */
+	ALLOWED,	/* no longer under a denied cgroup */
+	CAPPED,		/* parked for the hold cap */
+};
+
+static enum release_why release_why(struct task_struct *p, u64 now, u64 cap)
+{
+	if (never_hold(p))
+		return KILLED;
+	if (!in_denied_cgroup(p))
+		return ALLOWED;
+	/* dsq_vtime is the park time (see gate_enqueue) */
+	if (now - BPF_CORE_READ(p, scx.dsq_vtime) >= cap)
+		return CAPPED;
+	return KEEP;
+}
+
 /*
  * Walks HELD_DSQ and moves every task that may run again to SHARED_DSQ. Called
  * from ops.dispatch() on any CPU; one CPU per scan period does the work.
@@ -265,27 +285,21 @@ static void release_held(void)
 
 	bpf_iter_scx_dsq_new(&it, HELD_DSQ, 0);
 	while ((p = bpf_iter_scx_dsq_next(&it))) {
-		u64 parked_at = BPF_CORE_READ(p, scx.dsq_vtime);
-		u64 *counter = 0;
+		enum release_why why = release_why(p, now, cap);
 		s32 cpu;
 
-		if (never_hold(p)) {
-			if (st)
-				counter = &st->killed;
-		} else if (!in_denied_cgroup(p)) {
-			if (st)
-				counter = &st->released;
-		} else if (now - parked_at >= cap) {
-			if (st)
-				counter = &st->capped;
-		} else {
-			continue;	/* still denied: stays parked */
-		}
-
+		if (why == KEEP)
+			continue;
 		if (!scx_bpf_dsq_move(&it, p, SHARED_DSQ, 0))
 			continue;	/* dequeued meanwhile */
-		if (counter)
-			__sync_fetch_and_add(counter, 1);
+		if (st) {
+			if (why == KILLED)
+				__sync_fetch_and_add(&st->killed, 1);
+			else if (why == ALLOWED)
+				__sync_fetch_and_add(&st->released, 1);
+			else
+				__sync_fetch_and_add(&st->capped, 1);
+		}
 		/* This CPU pulls from SHARED_DSQ next; wake an idle one for the rest. */
 		cpu = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
 		if (cpu >= 0)

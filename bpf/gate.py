@@ -489,7 +489,11 @@ def load(obj: str | os.PathLike[str], pin_dir: str = DEFAULT_PIN_DIR, *, persist
     _remove_pins(pin_dir)  # stale pins of an earlier run would be reused by libbpf
     os.makedirs(pin_dir, exist_ok=True)
 
-    _run([bpftool, "struct_ops", "register", os.fspath(obj), pin_dir], timeout=timeout)
+    try:
+        _run([bpftool, "struct_ops", "register", os.fspath(obj), pin_dir], timeout=timeout)
+    except GateError:
+        _remove_pins(pin_dir)
+        raise
     maps: dict[str, BpfMap] = {}
     link_fd = -1
     try:
@@ -684,6 +688,19 @@ class Gate:
         return gone
 
     close = unload
+
+    def detach(self) -> None:
+        """Closes this handle without unloading: a persistent (pinned) scheduler keeps running
+        with its deny entries. For an owned gate this drops the only link reference, which
+        unloads the scheduler."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._link_fd >= 0:
+            os.close(self._link_fd)
+            self._link_fd = -1
+        for m in self._maps.values():
+            m.close()
 
     def __enter__(self) -> Gate:
         return self
@@ -927,8 +944,7 @@ def _status(pin_dir: str) -> dict[str, object]:
         out["stats"] = asdict(g.stats())
         out["attached"] = g.attached()
     finally:
-        for m in g._maps.values():
-            m.close()
+        g.detach()
     return out
 
 
@@ -969,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "set":
         g = Gate.open(args.pin_dir)
         g.set(args.cgroup, allow=args.verdict == "allow")
+        g.detach()
         print(f"{args.verdict} {args.cgroup}")
     elif args.cmd == "hold":
         g = load(args.obj, args.pin_dir, persist=args.persist, hold_cap_s=args.hold_cap)

@@ -31,6 +31,9 @@ class Config:
     # oom_score_adj of every tool call (raised, never lowered): the kernel picks tool calls as
     # OOM victims before the agent and the container's init (-1000..1000; 0 leaves it alone).
     tool_oom_score_adj: int = 500
+    # AgentCgroup mode: a call's declared memory becomes its cgroup's memory.high (off by
+    # default: static per-call limits thrash; kept as a baseline for the benchmark).
+    memory_high_from_hint: bool = False
     # Per-exec cgroups; false makes execgate a pure passthrough.
     per_exec_cgroups: bool = True
     errors: tuple[str, ...] = field(default=(), compare=False)

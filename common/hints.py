@@ -330,6 +330,14 @@ def _file_name(sandbox: str) -> str:
     return clean
 
 
+def forget_warnings(state_dir: str, sandbox: str) -> None:
+    """The sandbox is gone: drop its record of warnings (state must not grow forever)."""
+    try:
+        os.unlink(os.path.join(state_dir, "hint-warnings", _file_name(sandbox)))
+    except OSError:
+        pass
+
+
 def should_warn(state_dir: str, sandbox: str, value: str) -> bool:
     """Whether to tell the agent about this bad hint: once per sandbox and distinct value.
 

@@ -29,6 +29,7 @@ from execgate.policy.pressure import PressureReading, assess_pressure
 
 from .domain import Domain, DomainSample
 from .events import EventBus
+from .growth import GrowthGate
 from .settings import Settings
 from .store import JournalFollower, Store
 
@@ -76,6 +77,7 @@ class Engine:
         self.store = Store(settings.daemon.store)
         self.journal = JournalFollower(cfg.journal, self.store)
         self.events = EventBus()
+        self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
         self.pending: dict[str, tuple[dict[str, Any], asyncio.Future[Decision]]] = {}
         self.reading: PressureReading | None = None
@@ -130,6 +132,12 @@ class Engine:
                  "avg": ticket.demand.avg_bytes, "source": ticket.demand.source,
                  "max_wait_s": self.settings.admission.max_admission_wait_s}, fut)
 
+    def done(self, call_id: str) -> dict[str, Any]:
+        """The call's watcher saw it end: release it now and say what the gate did to it."""
+        outcome = self.growth.outcome(call_id)
+        self._finish(call_id, None)
+        return outcome
+
     def cancel(self, call_id: str) -> None:
         """The runtime went away before it was admitted (or after, with nothing to run)."""
         if self.pending.pop(call_id, None) is not None or call_id in self.calls:
@@ -144,6 +152,8 @@ class Engine:
         self._sample_calls()
         self.sample = self.domain.sample()
         self._step()
+        if self.reading is not None:
+            self.growth.update(self.calls, self.reading.state, self.sample.available)
 
     def _assess(self) -> PressureReading:
         """Q(t) from the last domain sample and the growth still expected of admitted calls
@@ -237,6 +247,7 @@ class Engine:
                 "available": r.available, "predicted_growth": r.predicted_growth,
                 "psi_some_avg10": r.psi_some_avg10, "reason": r.reason},
             "admission": self.admission.snapshot(),
+            "growth": self.growth.snapshot(),
             "history_calls": self.store.count(),
             "uptime_s": round(time.time() - self.started, 1),
         }

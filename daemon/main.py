@@ -44,7 +44,7 @@ class Daemon:
         self.cfg = cfg
         self.engine = engine
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
-                         "events": self.op_events}
+                         "done": self.op_done, "events": self.op_events}
 
     async def op_ping(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
         return protocol.reply(True, pid=os.getpid())
@@ -80,6 +80,12 @@ class Daemon:
             hangup.cancel()
             if not fut.done():
                 fut.cancel()
+
+    async def op_done(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
+        call_id = msg.get("call")
+        if not isinstance(call_id, str):
+            return protocol.reply(False, error="done needs a string 'call'")
+        return protocol.reply(True, **self.engine.done(call_id))
 
     async def op_events(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         q = self.engine.events.subscribe()
@@ -118,6 +124,7 @@ async def run(cfg: config_mod.Config) -> None:
     engine = Engine(cfg, settings)
     learned = engine.warm_up()
     adopted = engine.rediscover()
+    engine.growth.start()
     log.info("domain %s; learned from %d past calls; adopted %d running calls",
              engine.domain.describe(), learned, adopted)
     daemon = Daemon(cfg, engine)
@@ -132,6 +139,7 @@ async def run(cfg: config_mod.Config) -> None:
     await daemon.control_loop(stop)
     sd_notify("STOPPING=1")
     await server.close()
+    engine.growth.stop()
     engine.store.close()
     log.info("stopped")
 

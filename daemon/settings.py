@@ -14,6 +14,7 @@ from execgate.common.config import Config
 from execgate.common.hints import parse_size
 from execgate.policy.admission import AdmissionConfig
 from execgate.policy.estimate import EstimateConfig
+from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure import PressureConfig
 
 T = TypeVar("T")
@@ -34,6 +35,8 @@ class DaemonConfig:
     vanish_grace_s: float = 2.0
     # Sandboxes (container ids or sandbox annotations) allowed to declare priority:high.
     priority_sandboxes: tuple[str, ...] = ()
+    # The growth gate's actuator: auto (sched_ext, else cgroup.freeze), sched_ext, freeze, off.
+    gate: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Settings:
     pressure: PressureConfig
     admission: AdmissionConfig
     estimate: EstimateConfig
+    growth: GrowthConfig
 
 
 def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
@@ -103,5 +107,11 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
         pressure=from_table(PressureConfig, table("pressure"), "pressure", errors),
         admission=from_table(AdmissionConfig, table("admission"), "admission", errors),
         estimate=from_table(EstimateConfig, table("estimate"), "estimate", errors),
+        growth=from_table(GrowthConfig, table("growth"), "growth", errors),
     )
+    if settings.daemon.gate not in ("auto", "sched_ext", "freeze", "off"):
+        errors.append(f"[daemon] gate: {settings.daemon.gate!r} is not auto, sched_ext, freeze "
+                      "or off; auto used")
+        settings = dataclasses.replace(
+            settings, daemon=dataclasses.replace(settings.daemon, gate="auto"))
     return settings, errors

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
 
@@ -20,22 +19,6 @@ class ProcessSpec:
             if item.startswith(prefix):
                 return item[len(prefix):]
         return None
-
-
-def raise_oom_score_adj(path: str, value: int) -> bool:
-    """Make runc start the process with at least this oom_score_adj (it applies the spec's
-    `oomScoreAdj` before exec, so no allocation happens at the old value). True if changed."""
-    with open(path) as f:
-        spec = json.load(f)
-    current = spec.get("oomScoreAdj")
-    if isinstance(current, int) and current >= value:
-        return False
-    spec["oomScoreAdj"] = value
-    tmp = f"{path}.execgate"
-    with open(tmp, "w") as f:
-        json.dump(spec, f)
-    os.replace(tmp, path)
-    return True
 
 
 def load(path: str) -> ProcessSpec:

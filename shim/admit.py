@@ -25,6 +25,15 @@ def _recv(sock: socket.socket) -> dict[str, Any]:
     return protocol.decode_body(protocol._recv_exact(sock, protocol.frame_length(header)))
 
 
+def done(path: str, budget_s: float, call_id: str) -> dict[str, Any] | None:
+    """Tell the daemon a call ended; it answers what the growth gate did to it (or None)."""
+    try:
+        answer = protocol.call(path, protocol.request("done", call=call_id), timeout=budget_s)
+    except (OSError, protocol.ProtocolError):
+        return None
+    return answer if answer.get("ok") else None
+
+
 def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog) -> dict[str, Any] | None:
     """The daemon's `admitted` answer (with waited_s, forced, ...), or None to run unmanaged."""
     if not os.path.exists(path):

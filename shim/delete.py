@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from execgate.cgroups import container, v2
-from execgate.common import records
+from execgate.common import hints, records
 from execgate.oci import runtime
 
 from .context import Context
@@ -27,4 +27,5 @@ def handle(ctx: Context) -> int:
         if os.path.isdir(init) and not v2.populated(init):
             v2.remove(init, attempts=3)
     records.remove_container(ctx.config.state_dir, rec["id"])
+    hints.forget_warnings(ctx.config.state_dir, str(rec.get("sandbox") or rec["id"]))
     return rc

@@ -74,23 +74,26 @@ def handle(ctx: Context) -> list[str]:
         "tty": bool(spec.terminal) if spec else flags.is_set("tty"),
         "detach": flags.is_set("detach"),
         "hint": _hint(ctx, spec, rec, cg),
+        "oom_score_adj": ctx.config.tool_oom_score_adj,
         "arrival": time.time(),
     }
     answer = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,
                            {k: call[k] for k in ("call", "container", "sandbox", "cgroup",
                                                  "argv", "hint")}, ctx.log)
     call["managed"] = answer is not None
+    if answer is not None:
+        call["daemon"] = {"socket": ctx.config.socket,
+                          "timeout_s": ctx.config.daemon_timeout_ms / 1000}
     call["waited_s"] = round(float(answer.get("waited_s", 0.0)), 3) if answer else 0.0
     call["forced"] = bool(answer.get("forced")) if answer else False
     if answer and not call["tty"] and feedback.should_report_delay(call["waited_s"]):
         _stderr(feedback.admission_delayed(call["waited_s"]))
-    if spec and ctx.config.tool_oom_score_adj:
+    tool = container.make_tool_cgroup(cg, name)
+    if ctx.config.memory_high_from_hint and call["hint"] and call["hint"].get("memory_bytes"):
         try:
-            process_mod.raise_oom_score_adj(flags.get("process") or "",
-                                            ctx.config.tool_oom_score_adj)
-        except (OSError, ValueError) as e:
-            ctx.log.warning(f"exec in {cid}: oom_score_adj not raised: {e}")
-    container.make_tool_cgroup(cg, name)
+            v2.write(tool, "memory.high", str(call["hint"]["memory_bytes"]))
+        except OSError as e:
+            ctx.log.warning(f"exec in {cid}: memory.high not set: {e}")
     out = ctx.inv.with_command_flags(["--cgroup", name])
     proxy = None
     engine_socket = flags.get("console-socket")

@@ -21,7 +21,7 @@ from execgate.cgroups import v2
 from execgate.common import meminfo, records
 from execgate.oci.runclog import RuncLog
 
-from . import console, feedback
+from . import admit, console, feedback
 
 # struct pidfd_info, first version (64 bytes): mask, cgroupid, eleven ids, exit_code.
 _PIDFD_INFO = struct.Struct("=QQ11Ii")
@@ -107,12 +107,24 @@ def _wait_empty(cg: str) -> None:
         os.close(fd)
 
 
-def _wait_runtime(runtime_pidfd: int, cg: str) -> dict[int, int]:
+def _raise_oom_score_adj(pid: int, value: int) -> None:
+    """Make the call the kernel's preferred OOM victim (its children inherit the value)."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "r+") as f:
+            if int(f.read()) < value:
+                f.seek(0)
+                f.write(str(value))
+    except (OSError, ValueError):
+        pass
+
+
+def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0) -> dict[int, int]:
     """Wait for runc to exit; meanwhile take a pidfd on every task that enters the cgroup.
 
     The call's process joins the tool cgroup (populated 1) before it execs the command, under
     the pid it keeps; a pidfd taken then outlives the shim's reaping, so even a command that
-    ends in microseconds leaves us its exit status.
+    ends in microseconds leaves us its exit status. (runc 1.1 ignores an exec spec's
+    oomScoreAdj, so the call's oom_score_adj is raised here too, before the command runs.)
     """
     pidfds: dict[int, int] = {}
     try:
@@ -133,6 +145,8 @@ def _wait_runtime(runtime_pidfd: int, cg: str) -> dict[int, int]:
                             pidfds[pid] = os.pidfd_open(pid)
                         except OSError:
                             continue
+                        if oom_score_adj:
+                            _raise_oom_score_adj(pid, oom_score_adj)
             if any(fd == runtime_pidfd for fd, _ in p.poll(5000)):
                 return pidfds
     finally:
@@ -216,6 +230,9 @@ def _tell_agent(call: dict[str, Any], entry: dict[str, Any], stderr: int) -> Non
     messages = []
     if call.get("tty") and feedback.should_report_delay(call.get("waited_s") or 0.0):
         messages.append(feedback.admission_delayed(call["waited_s"]))
+    held, run = entry.get("held_s") or 0.0, entry.get("duration") or 0.0
+    if feedback.should_report_hold(held, run):
+        messages.append(feedback.gate_held(held, run))
     if entry["oom_killed"]:
         messages.append(_oom_message(call, entry))
     if not messages:
@@ -237,7 +254,9 @@ def _oom_message(call: dict[str, Any], entry: dict[str, Any]) -> str:
         available = max(limit - used, 0)
     else:
         available = meminfo.available()
-    return feedback.oom_killed(entry.get("memory_peak"), available, limit, call.get("argv") or [])
+    by = "execgate" if entry.get("killed_by_execgate") else "kernel"
+    return feedback.oom_killed(entry.get("memory_peak"), available, limit,
+                               call.get("argv") or [], by=by)
 
 
 def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journal: str,
@@ -245,13 +264,21 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     cg = call["cgroup"]
     cgroup_id = os.stat(cg).st_ino
     # Once runc has exited the call is placed, or never will be.
-    exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg))
+    exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
+                                                     int(call.get("oom_score_adj") or 0)))
     os.close(runtime_pidfd)
     _wait_empty(cg)
     end = time.time()
     entry = dict(call)
+    entry.pop("daemon", None)
     entry.update(outcome(cg))
-    entry["oom_killed"] = bool(entry["oom_kill"] or entry["oom_group_kill"])
+    entry["duration"] = round(end - call["start"], 6)
+    gate = admit.done(call["daemon"]["socket"], call["daemon"]["timeout_s"], call["call"]) \
+        if call.get("daemon") else None
+    entry["held_s"] = float(gate.get("held_s") or 0.0) if gate else 0.0
+    entry["killed_by_execgate"] = bool(gate and gate.get("killed_by_execgate"))
+    entry["oom_killed"] = bool(entry["oom_kill"] or entry["oom_group_kill"]
+                               or entry["killed_by_execgate"])
     if stderr is not None:
         _tell_agent(call, entry, stderr)
         os.close(stderr)
@@ -260,8 +287,9 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     entry.update(decode_status(_exit_status(exec_pidfd, cgroup_id)))
     if entry["exit_code"] is None and entry["oom_kill"]:
         entry.update(exit_code=137, signal=9)
+    if entry["exit_code"] is None and entry["killed_by_execgate"]:
+        entry.update(exit_code=137, signal=9)
     entry["end"] = end
-    entry["duration"] = round(end - call["start"], 6)
     try:
         records.append_journal(journal, entry)
     except OSError as e:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,30 @@ def docker(*args: str, check: bool = True, timeout: float = 120, input: bytes | 
         raise AssertionError(f"docker {' '.join(args)} -> {proc.returncode}\n"
                              f"stdout: {proc.stdout!r}\nstderr: {proc.stderr!r}")
     return proc
+
+
+def on_terminal(argv: list[str], typed: bytes = b"", timeout: float = 120) -> tuple[int, bytes]:
+    """Run a command on a real pty, as a person at a terminal would; (exit status, output)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvp(argv[0], argv)
+    if typed:
+        os.write(fd, typed)
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 30, interval: float = 0.1,

@@ -5,13 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pty
-import select
 import subprocess
-import time
 
 import pytest
-from conftest import Containers, container_cgroup, docker, tool_cgroups, wait_for
+from conftest import Containers, container_cgroup, docker, on_terminal, tool_cgroups, wait_for
 
 RUNTIMES = ("runc", "execgate")
 
@@ -50,32 +47,11 @@ def test_exec_with_stdin(containers: Containers) -> None:
         assert p.stdout.split()[0].decode() == hashlib.md5(data).hexdigest()
 
 
-def _tty_exec(cid: str, script: bytes) -> bytes:
-    """`docker exec -it` on a real pty, as a person at a terminal would run it."""
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execvp("docker", ["docker", "exec", "-it", cid, "sh"])
-    out = b""
-    os.write(fd, script)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([fd], [], [], 1)
-        if r:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 5, out
-    return out
-
-
 def test_exec_with_tty(containers: Containers) -> None:
     for cid in _pair(containers).values():
-        out = _tty_exec(cid, b"tty; stty size; echo marker-$((6*7)); exit 5\n")
+        rc, out = on_terminal(["docker", "exec", "-it", cid, "sh"],
+                              b"tty; stty size; echo marker-$((6*7)); exit 5\n")
+        assert rc == 5, out
         assert b"/dev/pts/" in out
         assert b"marker-42" in out
     # -t without -i, output only

@@ -4,11 +4,9 @@ successful calls get nothing extra, and the agent process outlives the call."""
 from __future__ import annotations
 
 import os
-import pty
-import select
 import time
 
-from conftest import Containers, docker, init_pid, journal_for, wait_for
+from conftest import Containers, docker, init_pid, journal_for, on_terminal, wait_for
 
 
 def test_oom_feedback_on_stderr_keeps_stdout_and_exit_code(containers: Containers) -> None:
@@ -23,29 +21,9 @@ def test_oom_feedback_on_stderr_keeps_stdout_and_exit_code(containers: Container
     assert "Peak memory" in ours[1] and "container limit 64 MiB" in ours[1]
 
 
-def _tty(cid: str, *cmd: str) -> tuple[int, bytes]:
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execvp("docker", ["docker", "exec", "-t", cid, *cmd])
-    out = b""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([fd], [], [], 1)
-        if r:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), out
-
-
 def test_oom_feedback_on_a_terminal(containers: Containers) -> None:
     cid = containers.run("--memory", "64m", "--memory-swap", "64m")
-    rc, out = _tty(cid, "sh", "-c", "echo before; memhog 200")
+    rc, out = on_terminal(["docker", "exec", "-t", cid, "sh", "-c", "echo before; memhog 200"])
     assert rc == 137, out
     assert b"before" in out
     assert b"[execgate] Out of memory" in out, out
@@ -57,7 +35,8 @@ def test_successful_calls_print_nothing_extra(containers: Containers) -> None:
             for rt, cid in pair.items()}
     assert outs["execgate"].stdout == outs["runc"].stdout == b"done\n"
     assert outs["execgate"].stderr == outs["runc"].stderr == b"warn\n"
-    ttys = {rt: _tty(cid, "echo", "hi") for rt, cid in pair.items()}
+    ttys = {rt: on_terminal(["docker", "exec", "-t", cid, "echo", "hi"])
+            for rt, cid in pair.items()}
     assert ttys["execgate"] == ttys["runc"] == (0, b"hi\r\n")
 
 

@@ -1,0 +1,203 @@
+"""The growth gate in the daemon: running calls' samples in, allow/deny out through an actuator.
+
+Every control period the controller (policy/growth.py, TenonAgent Algorithm 1) gets one sample
+per running call and decides which may grow; only *changes* reach the actuator — the sched_ext
+scheduler's deny map, or cgroup.freeze where sched_ext is missing (bpf/gate.py). The actuator
+is checked every second: an ejected scheduler falls back to freezing and is re-loaded later.
+Last resort (ToolSched §3.4): when red persists and the domain is about to OOM, the daemon
+kills the worst offending tool call itself (cgroup.kill), never an agent or an init.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from execgate.cgroups import v2
+from execgate.policy.growth import CallSummary, GrowthConfig, GrowthController, Sample, Victim
+from execgate.policy.pressure_state import Pressure
+
+log = logging.getLogger("execgated")
+RELOAD_AFTER_S = 30.0
+HEALTH_EVERY_S = 1.0
+
+
+class Actuator(Protocol):
+    kind: str
+
+    def set(self, cg: int | str, allow: bool) -> bool: ...
+
+    def clear(self) -> int: ...
+
+    def attached(self) -> bool: ...
+
+    def exit_reason(self) -> str | None: ...
+
+    def unload(self, timeout: float = 10.0) -> bool: ...
+
+
+@dataclass
+class Tracked:
+    cgroup: str
+    cgroup_id: int
+    allowed: bool = True
+
+
+class GrowthGate:
+    def __init__(self, config: GrowthConfig, mode: str, clock: Callable[[], float]) -> None:
+        self.config = config
+        self.mode = mode  # auto | sched_ext | freeze | off
+        self.clock = clock
+        self.controller = GrowthController(config, clock)
+        self.actuator: Actuator | None = None
+        self.reason = "off"
+        self.tracked: dict[str, Tracked] = {}
+        self.done: OrderedDict[str, CallSummary] = OrderedDict()
+        self.killed: dict[str, Victim] = {}
+        self._next_health = 0.0
+        self._ejected_at: float | None = None
+        self.last: Any = None
+
+    # -- actuator lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.mode == "off":
+            self.reason = "growth gate off by config"
+            return
+        from execgate.bpf import gate as bpfgate
+
+        log.info("gate recovery: %s", bpfgate.recover())  # what a dead daemon left held
+        try:
+            prefer = self.mode if self.mode in ("sched_ext", "freeze") else "auto"
+            self.actuator, self.reason = bpfgate.select_gate(
+                prefer=prefer, hold_cap_s=min(self.config.max_hold_s + 2.0, 25.0))
+        except Exception as e:  # noqa: BLE001 - no gate is better than no daemon
+            self.actuator, self.reason = None, f"no actuator: {e}"
+        log.info("growth gate: %s", self.reason)
+
+    def stop(self) -> None:
+        """Release everything on the way out: nothing may stay held by a daemon that is gone."""
+        if self.actuator is not None:
+            try:
+                self.actuator.clear()
+                self.actuator.unload()
+            except Exception as e:  # noqa: BLE001
+                log.warning("gate unload: %s", e)
+            self.actuator = None
+
+    def _health(self, now: float) -> None:
+        if self.actuator is None or now < self._next_health:
+            return
+        self._next_health = now + HEALTH_EVERY_S
+        from execgate.bpf import gate as bpfgate
+
+        if self.actuator.kind != "freeze" and not self.actuator.attached():
+            why = self.actuator.exit_reason() or "detached"
+            log.error("sched_ext gate ejected (%s): falling back to cgroup.freeze", why)
+            self.actuator = bpfgate.FreezeGate()
+            self.reason = f"cgroup.freeze (sched_ext ejected: {why}; retry in {RELOAD_AFTER_S:g} s)"
+            self._ejected_at = now
+            for t in self.tracked.values():
+                if not t.allowed:
+                    self.actuator.set(t.cgroup, False)
+        elif self._ejected_at is not None and now - self._ejected_at > RELOAD_AFTER_S \
+                and self.mode in ("auto", "sched_ext"):
+            self._ejected_at = None
+            frozen = self.actuator
+            try:
+                gate, reason = bpfgate.select_gate(prefer="sched_ext")
+            except Exception as e:  # noqa: BLE001
+                self._ejected_at = now
+                log.warning("sched_ext reload failed: %s", e)
+                return
+            frozen.clear()
+            self.actuator, self.reason = gate, reason
+            for t in self.tracked.values():
+                if not t.allowed:
+                    self.actuator.set(t.cgroup_id, False)
+            log.info("growth gate: %s", reason)
+
+    # -- the period ----------------------------------------------------------------------------
+
+    def update(self, calls: dict[str, Any], pressure: Pressure, mem_available: int) -> None:
+        """calls: call id -> LiveCall (cgroup, last_mem, info, admitted_at) of running calls."""
+        self._health(self.clock())
+        samples = []
+        for cid, call in calls.items():
+            if not call.seen:
+                continue
+            cpu = v2.read_keyed(call.cgroup, "cpu.stat").get("usage_usec")
+            if cpu is None:
+                continue
+            swap = v2.read_int(call.cgroup, "memory.swap.current") or 0
+            if cid not in self.tracked:
+                try:
+                    self.tracked[cid] = Tracked(call.cgroup, os.stat(call.cgroup).st_ino)
+                except OSError:
+                    continue
+            samples.append(Sample(cid, call.last_mem + swap, cpu, call.info.declared_bytes,
+                                  call.admitted_at))
+        decision = self.controller.update(samples, pressure, mem_available)
+        self.last = decision
+        if self.actuator is not None:
+            for cid, allow in decision.allow.items():
+                t = self.tracked.get(cid)
+                if t is not None and t.allowed != allow:
+                    try:
+                        self.actuator.set(t.cgroup, allow)
+                        t.allowed = allow
+                    except Exception as e:  # noqa: BLE001 - a vanished cgroup, a full map
+                        log.warning("gate %s %s: %s", "allow" if allow else "deny", cid, e)
+        for cid in decision.vanished:
+            self._forget(cid)
+        victim = self.controller.last_resort_victim(samples, mem_available)
+        if victim is not None and victim.call_id not in self.killed:
+            self._kill(victim)
+
+    def _kill(self, victim: Victim) -> None:
+        t = self.tracked.get(victim.call_id)
+        if t is None:
+            return
+        log.error("last resort: killing %s (%.0f MiB over its declared demand, %.1f s old)",
+                  victim.call_id, victim.excess_bytes / (1 << 20), victim.run_time_s)
+        try:
+            v2.write(t.cgroup, "cgroup.kill", "1")
+            self.killed[victim.call_id] = victim
+        except OSError as e:
+            log.warning("kill %s: %s", victim.call_id, e)
+
+    def _forget(self, cid: str) -> None:
+        t = self.tracked.pop(cid, None)
+        if t is not None and not t.allowed and self.actuator is not None:
+            try:
+                self.actuator.set(t.cgroup_id, True)  # drop the deny entry of a gone cgroup
+            except Exception:  # noqa: BLE001
+                pass
+        summary = self.controller.finished(cid)
+        if summary is not None:
+            self.done[cid] = summary
+            while len(self.done) > 1024:
+                self.done.popitem(last=False)
+
+    def outcome(self, cid: str) -> dict[str, Any]:
+        """What the gate did to a call, for the watcher's feedback (forgets the call)."""
+        if cid in self.tracked:
+            self._forget(cid)
+        summary = self.done.pop(cid, None)
+        victim = self.killed.pop(cid, None)
+        return {
+            "held_s": round(summary.held_s, 3) if summary else 0.0,
+            "run_s": round(summary.run_time_s, 3) if summary else None,
+            "killed_by_execgate": victim is not None,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.controller.snapshot()
+        return {"actuator": None if self.actuator is None else self.actuator.kind,
+                "reason": self.reason, "budget": snap.get("budget"),
+                "held": sorted(cid for cid, t in self.tracked.items() if not t.allowed),
+                "calls": snap.get("calls")}

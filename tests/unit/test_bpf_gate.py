@@ -1,0 +1,292 @@
+"""bpf/gate.py without sched_ext: build command, map layouts, the bpf(2) wrapper on a plain hash
+map (when this host lets us create one), cgroup ids, the cgroup.freeze fallback and gate
+selection on fake sysfs/cgroup trees. The scheduler itself is tested in tests/e2e (VM)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+GATE_PY = Path(__file__).resolve().parents[2] / "bpf" / "gate.py"
+BPF_C = GATE_PY.with_name("gate.bpf.c")
+
+
+def _import_gate():
+    try:
+        from execgate.bpf import gate as mod  # once packaged
+        return mod
+    except ImportError:
+        spec = importlib.util.spec_from_file_location("execgate_bpf_gate_src", GATE_PY)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+
+gate = _import_gate()
+
+
+# -- the C side and the Python side agree ---------------------------------------------------------
+
+def test_map_names_and_layouts_match_the_bpf_source() -> None:
+    src = BPF_C.read_text()
+    for full in gate.MAP_NAMES.values():
+        assert re.search(rf"\}}\s*{full}\s+SEC\(\"\.maps\"\)", src), full
+        assert len(full) <= 15, "BPF object names are at most 15 characters"
+    assert f"struct sched_ext_ops {gate.LINK_PIN} = {{" in src
+    assert f'.name\t\t= "{gate.SCHED_NAME}"' in src
+    assert "LIBBPF_PIN_BY_NAME" in src
+    # struct gate_stat: 7 u64 + 2 s64 + 128 + 256 bytes; struct gate_cfg: 2 u64
+    body = re.search(r"struct gate_stat \{(.*?)\};", src, re.S).group(1)
+    assert len(re.findall(r"^\s*[us]64 ", body, re.M)) == 9
+    assert "exit_reason[128]" in body and "exit_msg[256]" in body
+    assert gate._STAT.size == 9 * 8 + 128 + 256
+    cfg = re.search(r"struct gate_cfg \{(.*?)\};", src, re.S).group(1)
+    assert len(re.findall(r"^\s*u64 ", cfg, re.M)) == gate._CFG.size // 8 == 2
+    assert f"#define GATE_DENY {gate.GATE_DENY}" in src
+    # The BPF side clamps the hold cap below the 30 s watchdog, like the loader.
+    assert "HOLD_CAP_MAX_NS\t(25 * NSEC_PER_SEC)" in src and gate.MAX_HOLD_CAP_S == 25.0
+
+
+def test_stats_parse() -> None:
+    raw = gate._STAT.pack(5, 3, 2, 1, 40, 1, 1, 1026, 0, b"runnable task stall", b"x[1] stuck")
+    s = gate.GateStats.parse(raw)
+    assert (s.parked, s.released, s.capped, s.killed, s.scans, s.held) == (5, 3, 2, 1, 40, 1)
+    assert s.exited and s.exit_kind == 1026
+    assert s.exit_reason == "runnable task stall" and s.exit_msg == "x[1] stuck"
+
+
+def test_map_info_parse() -> None:
+    raw = struct.pack("=6I16s", 1, 42, 8, 4, 16384, 0, b"execgate_deny") + bytes(40)
+    info = gate.MapInfo.parse(raw)
+    assert (info.type, info.id, info.key_size, info.value_size) == (1, 42, 8, 4)
+    assert info.max_entries == 16384 and info.name == "execgate_deny"
+
+
+# -- build ----------------------------------------------------------------------------------------
+
+def test_clang_command() -> None:
+    cmd = gate.clang_command("g.bpf.c", "g.o", "/inc", clang="clang-19", machine="x86_64")
+    assert cmd[0] == "clang-19"
+    assert cmd[cmd.index("-target") + 1] == "bpf"
+    assert "-g" in cmd and "-O2" in cmd and "-D__TARGET_ARCH_x86" in cmd
+    assert cmd[-4:] == ["-c", "g.bpf.c", "-o", "g.o"]
+    assert cmd[cmd.index("-I") + 1] == "/inc"
+    assert "-D__TARGET_ARCH_arm64" in gate.clang_command("a", "b", "c", machine="aarch64")
+    with pytest.raises(gate.GateUnavailable):
+        gate.clang_command("a", "b", "c", machine="vax")
+
+
+def test_build_without_btf_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(gate.GateUnavailable):
+        gate.build(tmp_path / "out", btf=str(tmp_path / "no-btf"))
+
+
+def test_build_sh_delegates_to_gate_py() -> None:
+    sh = GATE_PY.with_name("build.sh")
+    assert os.access(sh, os.X_OK)
+    assert 'gate.py" build "$@"' in sh.read_text()
+
+
+# -- kernel state from sysfs ----------------------------------------------------------------------
+
+def test_state_and_scheduler_name(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sched_ext"
+    assert gate.state(str(sysfs)) == "unsupported"
+    sysfs.mkdir()
+    (sysfs / "state").write_text("disabled\n")
+    assert gate.state(str(sysfs)) == "disabled"
+    assert gate.scheduler_name(str(sysfs)) is None
+    (sysfs / "state").write_text("enabled\n")
+    (sysfs / "root").mkdir()
+    (sysfs / "root" / "ops").write_text("execgate\n")
+    assert gate.state(str(sysfs)) == "enabled"
+    assert gate.scheduler_name(str(sysfs)) == "execgate"
+    assert gate.wait_state({"disabled"}, 0.1, str(sysfs)) == "enabled"
+
+
+# -- cgroup ids -----------------------------------------------------------------------------------
+
+def test_cgroup_id(tmp_path: Path) -> None:
+    (tmp_path / "a" / "tool-1").mkdir(parents=True)
+    ino = os.stat(tmp_path / "a" / "tool-1").st_ino
+    assert gate.cgroup_id(str(tmp_path / "a" / "tool-1")) == ino
+    assert gate.cgroup_id("a/tool-1", root=str(tmp_path)) == ino
+    assert gate.cgroup_id(tmp_path / "a" / "tool-1") == ino
+    assert gate.cgroup_id(1234) == 1234
+    with pytest.raises(TypeError):
+        gate.cgroup_id(True)
+    with pytest.raises(ValueError):
+        gate.cgroup_id(0)
+    with pytest.raises(FileNotFoundError):
+        gate.cgroup_id("nope", root=str(tmp_path))
+
+
+def test_protected_ids_include_the_root(tmp_path: Path) -> None:
+    assert os.stat(tmp_path).st_ino in gate.protected_ids(str(tmp_path))
+
+
+# -- the bpf(2) wrapper on a real (plain) hash map -------------------------------------------------
+
+def _hash_map(key_size: int, value_size: int, entries: int = 64) -> int:
+    # BPF_MAP_CREATE (0): map_type, key_size, value_size, max_entries, map_flags
+    try:
+        return gate._syscall_bpf(0, gate._attr("=5I", 1, key_size, value_size, entries, 0))
+    except OSError as e:
+        pytest.skip(f"cannot create BPF maps here: {e}")
+
+
+def test_bpf_map_roundtrip() -> None:
+    m = gate.BpfMap(_hash_map(8, 4))
+    try:
+        assert (m.info.key_size, m.info.value_size, m.info.max_entries) == (8, 4, 64)
+        k = struct.pack("=Q", 777)
+        assert m.lookup(k) is None
+        m.update(k, struct.pack("=I", 1))
+        assert m.lookup(k) == struct.pack("=I", 1)
+        for i in range(5):
+            m.update(struct.pack("=Q", i), struct.pack("=I", 1))
+        assert sorted(struct.unpack("=Q", x)[0] for x in m.iter_keys()) == [0, 1, 2, 3, 4, 777]
+        assert m.delete(k) and not m.delete(k)
+        assert gate._clear_map(m) == 5
+        assert list(m.iter_keys()) == []
+        with pytest.raises(ValueError):
+            m.update(b"short", struct.pack("=I", 1))
+    finally:
+        m.close()
+
+
+def test_gate_set_and_clear_on_plain_maps(tmp_path: Path) -> None:
+    """Gate's verdict logic against stand-in maps: deny = entry, allow = no entry."""
+    maps = {"deny": gate.BpfMap(_hash_map(8, 4)), "cfg": gate.BpfMap(_hash_map(4, 16, 1)),
+            "stat": gate.BpfMap(_hash_map(4, gate._STAT.size, 1))}
+    root = tmp_path / "cg"
+    (root / "tool-a" / "sub").mkdir(parents=True)
+    g = gate.Gate(str(tmp_path / "pins"), maps, cgroup_root=str(root),
+                  sysfs=str(tmp_path / "no-scx"))
+    try:
+        a = os.stat(root / "tool-a").st_ino
+        assert g.set("tool-a", allow=False)
+        assert g.denied() == [a]
+        assert g.set(root / "tool-a" / "sub", allow=False)
+        assert len(g.denied()) == 2
+        assert g.set("tool-a", allow=True) and not g.set("tool-a", allow=True)
+        # a denied cgroup that is removed before it is allowed: the cached id is used
+        (root / "tool-a" / "sub").rmdir()
+        assert g.set("tool-a/sub", allow=True)
+        assert g.denied() == []
+        assert not g.set("gone", allow=False)  # the call ended meanwhile
+        with pytest.raises(ValueError):
+            g.set(str(root), allow=False)  # the root would hold everything
+        g.set(999, allow=False)
+        assert g.clear() == 1 and g.denied() == []
+        assert not g.attached()  # no sched_ext here
+        g.configure(hold_cap_s=5, scan_ms=20)
+        cfg = maps["cfg"].lookup(struct.pack("=I", 0))
+        assert cfg == gate._CFG.pack(5_000_000_000, 20_000_000)
+        with pytest.raises(ValueError):
+            g.configure(hold_cap_s=30)  # over the watchdog
+    finally:
+        assert g.unload() and g.unload()  # twice is fine
+    with pytest.raises(gate.GateError):
+        g.set("tool-a", allow=False)
+
+
+# -- cgroup.freeze fallback -----------------------------------------------------------------------
+
+def _fake_cgroups(root: Path, *names: str) -> None:
+    (root / "cgroup.controllers").parent.mkdir(parents=True, exist_ok=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    for n in names:
+        (root / n).mkdir(parents=True, exist_ok=True)
+        (root / n / "cgroup.freeze").write_text("0\n")
+
+
+def test_freeze_gate(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    _fake_cgroups(root, "c1/tool-a", "c1/tool-b")
+    g = gate.FreezeGate(str(root))
+    assert g.attached() and g.kind == "freeze"
+    assert g.set("c1/tool-a", allow=False)
+    assert (root / "c1/tool-a/cgroup.freeze").read_text() == "1"
+    tid = os.stat(root / "c1/tool-b").st_ino
+    assert g.set(tid, allow=False)  # by id: found by walking the tree
+    assert (root / "c1/tool-b/cgroup.freeze").read_text() == "1"
+    assert sorted(g.denied()) == [str(root / "c1/tool-a"), str(root / "c1/tool-b")]
+    assert g.set(root / "c1/tool-a", allow=True)
+    assert (root / "c1/tool-a/cgroup.freeze").read_text() == "0"
+    assert not g.set("c1/gone", allow=False)
+    with pytest.raises(ValueError):
+        g.set(str(root), allow=False)
+    assert g.clear() == 1
+    assert (root / "c1/tool-b/cgroup.freeze").read_text() == "0"
+    g.set("c1/tool-a", allow=False)
+    assert g.unload() and g.unload()
+    assert (root / "c1/tool-a/cgroup.freeze").read_text() == "0"
+    assert not g.attached()
+
+
+def test_thaw_all_only_thaws_matching_frozen(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    _fake_cgroups(root, "c1/tool-a", "c1/tool-b", "c1/other", "c2/tool-c/sub")
+    (root / "c1/tool-a/cgroup.freeze").write_text("1")
+    (root / "c1/other/cgroup.freeze").write_text("1")
+    (root / "c2/tool-c/cgroup.freeze").write_text("1")
+    thawed = gate.thaw_all(str(root))
+    assert sorted(thawed) == [str(root / "c1/tool-a"), str(root / "c2/tool-c")]
+    assert (root / "c1/other/cgroup.freeze").read_text() == "1"
+
+
+# -- selection and recovery -----------------------------------------------------------------------
+
+def test_select_gate_falls_back_without_sched_ext(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    _fake_cgroups(root)
+    g, reason = gate.select_gate(tmp_path / "build", str(tmp_path / "pins"),
+                                 cgroup_root=str(root), sysfs=str(tmp_path / "none"))
+    assert isinstance(g, gate.FreezeGate)
+    assert "no sched_ext" in reason and "cgroup.freeze" in reason
+    with pytest.raises(gate.GateUnavailable):
+        gate.select_gate(tmp_path / "build", str(tmp_path / "pins"), prefer="sched_ext",
+                         cgroup_root=str(root), sysfs=str(tmp_path / "none"))
+    g, reason = gate.select_gate(prefer="freeze", cgroup_root=str(root))
+    assert isinstance(g, gate.FreezeGate) and reason == "cgroup.freeze requested"
+    with pytest.raises(ValueError):
+        gate.select_gate(prefer="bogus")
+
+
+def test_select_gate_falls_back_when_another_scheduler_runs(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sched_ext"
+    (sysfs / "root").mkdir(parents=True)
+    (sysfs / "state").write_text("enabled\n")
+    (sysfs / "root" / "ops").write_text("rusty\n")
+    g, reason = gate.select_gate(tmp_path / "build", str(tmp_path / "pins"),
+                                 cgroup_root=str(tmp_path), sysfs=str(sysfs))
+    assert isinstance(g, gate.FreezeGate) and "rusty" in reason
+
+
+def test_load_refuses_without_sched_ext_or_when_busy(tmp_path: Path) -> None:
+    with pytest.raises(gate.GateUnavailable):
+        gate.load(tmp_path / "x.o", str(tmp_path / "pins"), sysfs=str(tmp_path / "none"))
+    sysfs = tmp_path / "sched_ext"
+    sysfs.mkdir()
+    (sysfs / "state").write_text("enabled\n")
+    with pytest.raises(gate.GateBusy):
+        gate.load(tmp_path / "x.o", str(tmp_path / "pins"), sysfs=str(sysfs))
+
+
+def test_recover_with_nothing_left_behind(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    _fake_cgroups(root, "c/tool-x")
+    assert gate.recover(str(tmp_path / "pins"), cgroup_root=str(root),
+                        sysfs=str(tmp_path / "none")) == "nothing to recover"
+    (root / "c/tool-x/cgroup.freeze").write_text("1")
+    assert "thawed 1 cgroups" in gate.recover(str(tmp_path / "pins"), cgroup_root=str(root),
+                                              sysfs=str(tmp_path / "none"))
