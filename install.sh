@@ -118,6 +118,19 @@ if [[ ! -f $confdir/config.toml ]]; then
 fi
 install -d -m 0750 /var/lib/execgate
 
+# The growth gate's sched_ext scheduler is built here, for this kernel (vmlinux.h from its BTF,
+# then clang); without sched_ext or the toolchain the daemon falls back to cgroup.freeze.
+if [[ -d /sys/kernel/sched_ext && -f /sys/kernel/btf/vmlinux ]] && command -v clang >/dev/null \
+        && command -v bpftool >/dev/null; then
+    if obj=$("$prefix/bin/python" -m execgate.bpf.gate build 2>"$prefix/bpf-build.log"); then
+        say "built the sched_ext growth gate: $obj"
+    else
+        say "warning: sched_ext gate build failed (see $prefix/bpf-build.log); cgroup.freeze will be used"
+    fi
+else
+    say "no sched_ext toolchain or kernel support: the growth gate will use cgroup.freeze"
+fi
+
 if have_systemd; then
     install -m 0644 "$src/packaging/execgated.service" "$unit"
     systemctl daemon-reload

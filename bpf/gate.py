@@ -380,8 +380,10 @@ def _run(cmd: list[str], *, timeout: float, stdout=None) -> subprocess.Completed
     except subprocess.TimeoutExpired as e:
         raise GateError(f"{cmd[0]} timed out after {timeout:.0f}s") from e
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or "").strip().splitlines()[-25:])
-        raise GateError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}):\n{tail}")
+        lines = (proc.stderr or "").strip().splitlines()
+        last = lines[-1].strip() if lines else "no output"
+        raise GateError(f"{' '.join(cmd[:3])} failed ({proc.returncode}): {last}\n"
+                        + "\n".join(lines[-30:]))
     return proc
 
 
@@ -480,6 +482,8 @@ def load(obj: str | os.PathLike[str], pin_dir: str = DEFAULT_PIN_DIR, *, persist
     tools), :class:`GateBusy` (a scheduler is already loaded: see :func:`recover`) or
     :class:`GateError` (the build or the verifier said no: the message has bpftool's log)."""
     st = state(sysfs)
+    if st in ("enabling", "disabling"):  # a scheduler going away (a daemon restart): wait
+        st = wait_state({"enabled", "disabled"}, 10, sysfs)
     if st == "unsupported":
         raise GateUnavailable(f"kernel has no sched_ext ({sysfs} missing)")
     if st != "disabled":
@@ -679,12 +683,12 @@ class Gate:
         gone = True
         if had_link:
             # The link's release unregisters the scheduler; sched_ext then moves every task
-            # (held ones included) back to the fair class and reports "disabled".
-            st = wait_state({"disabled", "unsupported"}, timeout, self.sysfs)
-            gone = st != "enabled" or scheduler_name(self.sysfs) not in (None, SCHED_NAME)
+            # (held ones included) back to the fair class. Wait for *this* instance's ops.exit()
+            # (a new gate may already be loaded, e.g. after an ejection).
+            gone = _wait_exited(self._maps["stat"], timeout, self.sysfs)
+        _remove_own_pins(self.pin_dir, self._maps)
         for m in self._maps.values():
             m.close()
-        _remove_pins(self.pin_dir, link=False)
         return gone
 
     close = unload
@@ -715,6 +719,42 @@ class Gate:
     def __repr__(self) -> str:
         mode = "persistent" if self.persist else "owned"
         return f"<Gate sched_ext {mode} pins={self.pin_dir} closed={self._closed}>"
+
+
+def _exited(stat: BpfMap) -> bool:
+    try:
+        raw = stat.lookup(struct.pack("=I", 0))
+    except OSError:
+        return False
+    return raw is not None and GateStats.parse(raw).exited
+
+
+def _wait_exited(stat: BpfMap, timeout: float, sysfs: str = SCX_SYSFS) -> bool:
+    """Waits until the scheduler owning ``stat`` ran ops.exit() (or sched_ext is off)."""
+    deadline = time.monotonic() + timeout
+    while not (_exited(stat) or state(sysfs) in ("disabled", "unsupported")):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _remove_own_pins(pin_dir: str, maps: dict[str, BpfMap]) -> None:
+    """Unpins pin_dir/<name> only where it is still one of ``maps`` (same map id): a gate
+    loaded later into the same pin_dir keeps its pins."""
+    for short, m in maps.items():
+        path = os.path.join(pin_dir, short)
+        try:
+            other = BpfMap.open(path)
+        except OSError:
+            continue
+        try:
+            if other.info.id == m.info.id:
+                _unlink(path)
+        finally:
+            other.close()
+    with contextlib.suppress(OSError):
+        os.rmdir(pin_dir)
 
 
 def _clear_map(m: BpfMap) -> int:
@@ -754,6 +794,8 @@ class FreezeGate:
     def set(self, cg: CgroupRef, allow: bool) -> bool:
         if self._closed:
             raise GateError("gate unloaded")
+        if allow and isinstance(cg, int) and not isinstance(cg, bool) and cg not in self._paths:
+            return False  # never frozen by this gate (by id or path): nothing to thaw
         try:
             path = self._resolve(cg)
         except FileNotFoundError:
@@ -875,10 +917,21 @@ def recover(pin_dir: str = DEFAULT_PIN_DIR, *, unload: bool = True,
             done.append(f"could not clear {deny_pin}: {e}")
     if unload:
         link_pin = os.path.join(pin_dir, LINK_PIN)
-        if _unlink(link_pin):
-            done.append(f"removed pinned link {link_pin}")
-            st = wait_state({"disabled", "unsupported"}, timeout, sysfs)
-            done.append(f"sched_ext {st}")
+        stat = None
+        with contextlib.suppress(OSError):
+            stat = BpfMap.open(os.path.join(pin_dir, "stat"))
+        try:
+            if _unlink(link_pin):
+                done.append(f"removed pinned link {link_pin}")
+                if stat is not None:
+                    ok = _wait_exited(stat, timeout, sysfs)
+                else:
+                    ok = wait_state({"disabled", "unsupported"}, timeout, sysfs) != "enabled"
+                done.append("scheduler unloaded" if ok else
+                            "scheduler still loaded (another process holds its link)")
+        finally:
+            if stat is not None:
+                stat.close()
         removed = _remove_pins(pin_dir)
         if removed:
             done.append(f"removed {len(removed)} stale pins")
@@ -908,6 +961,8 @@ def select_gate(build_dir: str | os.PathLike[str] = DEFAULT_BUILD_DIR,
         return FreezeGate(cgroup_root), "cgroup.freeze requested"
     try:
         st = state(sysfs)
+        if st in ("enabling", "disabling"):
+            st = wait_state({"enabled", "disabled"}, 10, sysfs)
         if st == "unsupported":
             raise GateUnavailable(f"kernel has no sched_ext ({sysfs} missing)")
         if st != "disabled":

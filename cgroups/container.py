@@ -20,20 +20,31 @@ TOOL_PREFIX = "tool-"
 
 
 def prepare(cg: str, controllers: tuple[str, ...]) -> list[str]:
-    """Move every task of the container cgroup into init/ and enable controllers."""
+    """Move every task of the container cgroup into init/ and enable controllers.
+
+    The container is frozen meanwhile, so nothing forks into the parent behind our back; a
+    container the engine itself paused stays paused.
+    """
     leaf = os.path.join(cg, INIT)
     os.makedirs(leaf, exist_ok=True)
-    # A process may fork while we move: repeat until the parent is empty.
-    for _ in range(10):
-        pids = v2.procs(cg)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                v2.move(pid, leaf)
-            except ProcessLookupError:
-                continue
-    return v2.enable_controllers(cg, controllers)
+    was_frozen = v2.read_int(cg, "cgroup.freeze") == 1
+    if not was_frozen:
+        v2.write(cg, "cgroup.freeze", "1")
+    try:
+        v2.wait_event(cg, "frozen", 1, timeout=2.0)
+        for _ in range(10):
+            pids = v2.procs(cg)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    v2.move(pid, leaf)
+                except ProcessLookupError:
+                    continue
+        return v2.enable_controllers(cg, controllers)
+    finally:
+        if not was_frozen:
+            v2.write(cg, "cgroup.freeze", "0")
 
 
 def is_prepared(cg: str) -> bool:

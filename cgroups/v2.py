@@ -71,6 +71,27 @@ def populated(cg: str) -> bool:
     return read_keyed(cg, "cgroup.events").get("populated", 0) == 1
 
 
+def wait_event(cg: str, key: str, value: int, timeout: float) -> bool:
+    """Wait until cgroup.events shows key == value (kernfs notifies with POLLPRI)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    fd = os.open(os.path.join(cg, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        p = select.poll()
+        p.register(fd, select.POLLPRI | select.POLLERR)
+        while True:
+            os.lseek(fd, 0, os.SEEK_SET)
+            if f"{key} {value}" in os.read(fd, 4096).decode().splitlines():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            p.poll(int(left * 1000) + 1)
+    finally:
+        os.close(fd)
+
+
 def move(pid: int, cg: str) -> None:
     write(cg, "cgroup.procs", str(pid))
 

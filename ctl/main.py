@@ -38,6 +38,10 @@ def print_daemon(d: dict[str, Any]) -> None:
           f"of budget {_mib(p.get('budget'))}")
     if p.get("reason"):
         print(f"  why: {p['reason']}")
+    growth = d.get("growth") or {}
+    held = growth.get("held") or []
+    print(f"growth gate: {growth.get('actuator') or 'none'} ({growth.get('reason', '-')}); "
+          f"yellow slots b={growth.get('budget', '-')}; held now: {', '.join(held) or 'none'}")
     queued = adm.get("queued") or []
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "

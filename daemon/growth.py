@@ -98,6 +98,10 @@ class GrowthGate:
         if self.actuator.kind != "freeze" and not self.actuator.attached():
             why = self.actuator.exit_reason() or "detached"
             log.error("sched_ext gate ejected (%s): falling back to cgroup.freeze", why)
+            try:
+                self.actuator.unload()  # the dead instance's fds and pins
+            except Exception as e:  # noqa: BLE001
+                log.warning("unloading the ejected gate: %s", e)
             self.actuator = bpfgate.FreezeGate()
             self.reason = f"cgroup.freeze (sched_ext ejected: {why}; retry in {RELOAD_AFTER_S:g} s)"
             self._ejected_at = now

@@ -22,6 +22,7 @@ from execgate.common import config as config_mod
 from . import protocol, status
 from . import settings as settings_mod
 from .engine import Engine
+from .inside import InsideAgents
 from .server import Conn, Server
 
 log = logging.getLogger("execgated")
@@ -131,6 +132,8 @@ async def run(cfg: config_mod.Config) -> None:
     server = Server(cfg.socket, daemon.handlers, allowed_uids={0})
     await server.start()
     log.info("listening on %s", cfg.socket)
+    inside = InsideAgents(cfg, settings, engine)  # tools spawned by agents inside sandboxes
+    inside.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -138,6 +141,7 @@ async def run(cfg: config_mod.Config) -> None:
     sd_notify("READY=1")
     await daemon.control_loop(stop)
     sd_notify("STOPPING=1")
+    inside.stop()
     await server.close()
     engine.growth.stop()
     engine.store.close()

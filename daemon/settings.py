@@ -40,12 +40,33 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True)
+class InsideConfig:
+    """[inside]: agents that run inside their sandbox and spawn tool processes themselves."""
+
+    # Whether a container without an `execgate.agent` annotation is an inside agent.
+    default: bool = False
+    # Which exec is a tool call: "child" (exec'd by the agent process itself) or "first-exec"
+    # (the first exec below the agent, through children that only forked, e.g. subshells).
+    rule: str = "child"
+    # When a placed call stops: "queued" (only while the daemon makes it wait: a call admitted
+    # at once never stops) or "always" (it joins a frozen cgroup, thawed once admitted).
+    freeze: str = "queued"
+    # Prepared tool cgroups per container, so placement is one write to cgroup.procs.
+    spares: int = 1
+    # How often container records are re-read (inotify normally tells at once).
+    scan_period_s: float = 0.5
+    # The proc-connector socket's receive buffer (host-wide fork bursts must not overflow it).
+    rcvbuf_bytes: int = 8 << 20
+
+
+@dataclass(frozen=True)
 class Settings:
     daemon: DaemonConfig
     pressure: PressureConfig
     admission: AdmissionConfig
     estimate: EstimateConfig
     growth: GrowthConfig
+    inside: InsideConfig = InsideConfig()
 
 
 def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
@@ -95,6 +116,28 @@ def from_table(cls: type[T], table: dict[str, Any], section: str, errors: list[s
         return defaults
 
 
+INSIDE_RULES = ("child", "first-exec")
+INSIDE_FREEZE = ("queued", "always")
+
+
+def _inside(table: dict[str, Any], errors: list[str]) -> InsideConfig:
+    inside = from_table(InsideConfig, table, "inside", errors)
+    fixes: dict[str, Any] = {}
+    if inside.rule not in INSIDE_RULES:
+        errors.append(f"[inside] rule: {inside.rule!r} is not child or first-exec; child used")
+        fixes["rule"] = "child"
+    if inside.freeze not in INSIDE_FREEZE:
+        errors.append(f"[inside] freeze: {inside.freeze!r} is not queued or always; queued used")
+        fixes["freeze"] = "queued"
+    if not 0 <= inside.spares <= 8:
+        errors.append(f"[inside] spares: {inside.spares} is not 0..8; 1 used")
+        fixes["spares"] = 1
+    if not 0.05 <= inside.scan_period_s <= 60:
+        errors.append(f"[inside] scan_period_s: {inside.scan_period_s} is not 0.05..60; 0.5 used")
+        fixes["scan_period_s"] = 0.5
+    return dataclasses.replace(inside, **fixes) if fixes else inside
+
+
 def load(cfg: Config) -> tuple[Settings, list[str]]:
     errors: list[str] = []
     tables = cfg.tables
@@ -108,6 +151,7 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
         admission=from_table(AdmissionConfig, table("admission"), "admission", errors),
         estimate=from_table(EstimateConfig, table("estimate"), "estimate", errors),
         growth=from_table(GrowthConfig, table("growth"), "growth", errors),
+        inside=_inside(table("inside"), errors),
     )
     if settings.daemon.gate not in ("auto", "sched_ext", "freeze", "off"):
         errors.append(f"[daemon] gate: {settings.daemon.gate!r} is not auto, sched_ext, freeze "

@@ -1,11 +1,16 @@
-"""`create`: run runc create, then give the container the init/ + tool-*/ cgroup layout."""
+"""`create`: run runc create and record the container (its cgroup layout comes at `start`).
+
+The engine's shim loads the container's cgroup from its init's /proc/PID/cgroup right after
+create: init must still be in the container's own cgroup then, or `docker stats` would count
+init/ alone and miss every tool call.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 
-from execgate.cgroups import container, v2
+from execgate.cgroups import v2
 from execgate.common import records
 from execgate.oci import bundle as bundle_mod
 from execgate.oci import runtime
@@ -36,10 +41,9 @@ def handle(ctx: Context) -> int:
         record["init_pid"] = pid
         if not v2.is_unified():
             raise OSError("host is not on a pure cgroup v2 hierarchy")
-        cg = v2.path_of_pid(pid)
-        record["cgroup"] = cg
-        record["controllers"] = container.prepare(cg, ctx.config.controllers)
+        record["cgroup"] = v2.path_of_pid(pid)
         record["managed"] = True
+        record["prepared"] = False
     except Exception as e:  # noqa: BLE001 - the container runs as with plain runc
         record["reason"] = f"{type(e).__name__}: {e}"
         ctx.log.warning(f"container {cid}: no per-exec cgroups ({record['reason']})")

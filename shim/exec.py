@@ -13,11 +13,14 @@ import time
 from typing import Any
 
 from execgate.cgroups import container, v2
-from execgate.common import hints, records
+from execgate.common import records
 from execgate.oci import process as process_mod
 
-from . import admit, console, feedback, watcher
+from . import admit, watcher
 from .context import Context
+
+# Hint parsing, message wording and the console relay are imported only by the calls that need
+# them: this module runs on every `docker exec`.
 
 
 def _stderr(text: str) -> None:
@@ -28,12 +31,21 @@ def _stderr(text: str) -> None:
         pass
 
 
+def _env(spec: process_mod.ProcessSpec, name: str) -> str | None:
+    """The exec's value of name (Docker merges the container's env into the exec's)."""
+    return spec.getenv(name)
+
+
 def _hint(ctx: Context, spec: process_mod.ProcessSpec | None, rec: dict[str, Any], cg: str
           ) -> dict[str, Any] | None:
     """The call's parsed hint, clamped to its container's limit; a bad one is reported once."""
-    raw = hints.pick(spec.env, []) if spec else None
+    raw = _env(spec, "AGENT_RESOURCE_HINT") if spec else None
     if not raw:
         return None
+    from execgate.common import hints
+
+    from . import feedback
+
     parsed = hints.parse(raw)
     if parsed.error or parsed.hint is None:
         sandbox = str(rec.get("sandbox") or rec["id"])
@@ -86,8 +98,11 @@ def handle(ctx: Context) -> list[str]:
                           "timeout_s": ctx.config.daemon_timeout_ms / 1000}
     call["waited_s"] = round(float(answer.get("waited_s", 0.0)), 3) if answer else 0.0
     call["forced"] = bool(answer.get("forced")) if answer else False
-    if answer and not call["tty"] and feedback.should_report_delay(call["waited_s"]):
-        _stderr(feedback.admission_delayed(call["waited_s"]))
+    if answer and not call["tty"] and call["waited_s"] >= 2.0:
+        from . import feedback
+
+        if feedback.should_report_delay(call["waited_s"]):
+            _stderr(feedback.admission_delayed(call["waited_s"]))
     tool = container.make_tool_cgroup(cg, name)
     if ctx.config.memory_high_from_hint and call["hint"] and call["hint"].get("memory_bytes"):
         try:
@@ -98,6 +113,8 @@ def handle(ctx: Context) -> list[str]:
     proxy = None
     engine_socket = flags.get("console-socket")
     if call["tty"] and engine_socket:
+        from . import console
+
         try:
             proxy = console.Proxy(os.path.join(ctx.config.state_dir, "console", name + ".sock"),
                                   engine_socket)

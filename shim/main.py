@@ -1,6 +1,6 @@
 """`execgate`: an OCI runtime that is runc for everything but four subcommands.
 
-Like NVIDIA's container runtime, it intercepts only what it must (create, exec, kill, delete)
+Like NVIDIA's container runtime, it intercepts only what it must (create, start, exec, kill, delete)
 and execve()s the real runtime for the rest, so `--version`, `state`, `events`, `ps`, `update`,
 `pause`… are runc's own, byte for byte. A handler that fails falls back to plain passthrough:
 execgate may lose control of a container, never break it.
@@ -52,7 +52,7 @@ def main() -> None:
         sys.exit(1)
 
     result: list[str] | int = argv
-    if cfg.per_exec_cgroups and inv.command in ("create", "exec", "kill", "delete"):
+    if cfg.per_exec_cgroups and inv.command in ("create", "start", "exec", "kill", "delete"):
         ctx = Context(inv=inv, config=cfg, log=log, runtime=real)
         try:
             result = _handlers()[inv.command](ctx)

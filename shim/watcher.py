@@ -15,13 +15,17 @@ import os
 import select
 import struct
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from execgate.cgroups import v2
 from execgate.common import meminfo, records
 from execgate.oci.runclog import RuncLog
 
-from . import admit, console, feedback
+from . import admit
+
+if TYPE_CHECKING:
+    from . import console
 
 # struct pidfd_info, first version (64 bytes): mask, cgroupid, eleven ids, exit_code.
 _PIDFD_INFO = struct.Struct("=QQ11Ii")
@@ -61,6 +65,11 @@ def spawn(call: dict[str, Any], pid_file: str | None, journal: str, log: RuncLog
         _detach(keep=keep)
         if proxy is not None:
             stderr = proxy.relay(runtime_pidfd)
+            if stderr is not None and (call.get("waited_s") or 0.0) >= 2.0:
+                from . import feedback
+
+                if feedback.should_report_delay(call["waited_s"]):
+                    say(call, stderr, [feedback.admission_delayed(call["waited_s"])])
         watch(call, runtime_pidfd, pid_file, journal, log, stderr)
     except BaseException as e:  # noqa: BLE001 - a watcher must never raise into anything
         log.warning(f"call {call.get('call')}: watcher failed: {type(e).__name__}: {e}")
@@ -88,16 +97,37 @@ def _wait_readable(fd: int, timeout: float | None = None) -> bool:
     return bool(p.poll(None if timeout is None else int(timeout * 1000)))
 
 
-def _wait_empty(cg: str) -> None:
-    """Block until the cgroup has no tasks (or is gone)."""
+def _wait_empty(cg: str, on_oom: Callable[[], None] | None = None) -> None:
+    """Block until the cgroup has no tasks (or is gone).
+
+    With on_oom, memory.events is watched too and on_oom runs as soon as the kernel OOM-kills
+    in the call: the note then reaches the stream before the engine sees the call exit (a TTY
+    exec's terminal is torn down right after, so a note written later would be lost).
+    """
     try:
         fd = os.open(os.path.join(cg, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
+    mem = None
+    if on_oom is not None:
+        try:
+            mem = os.open(os.path.join(cg, "memory.events"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            mem = None
     try:
         p = select.poll()
         p.register(fd, select.POLLPRI | select.POLLERR)
+        if mem is not None:
+            p.register(mem, select.POLLPRI | select.POLLERR)
         while True:
+            if mem is not None and on_oom is not None:
+                os.lseek(mem, 0, os.SEEK_SET)
+                events = dict(line.split() for line in os.read(mem, 4096).decode().splitlines())
+                if int(events.get("oom_kill", 0)) or int(events.get("oom_group_kill", 0)):
+                    on_oom()
+                    p.unregister(mem)
+                    os.close(mem)
+                    mem = None
             os.lseek(fd, 0, os.SEEK_SET)
             data = os.read(fd, 4096).decode()
             if "populated 0" in data:
@@ -105,6 +135,8 @@ def _wait_empty(cg: str) -> None:
             p.poll(5000)  # kernfs notifies; the timeout only guards against a lost wakeup
     finally:
         os.close(fd)
+        if mem is not None:
+            os.close(mem)
 
 
 def _raise_oom_score_adj(pid: int, value: int) -> None:
@@ -148,6 +180,9 @@ def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0) -> dict[i
                         if oom_score_adj:
                             _raise_oom_score_adj(pid, oom_score_adj)
             if any(fd == runtime_pidfd for fd, _ in p.poll(5000)):
+                if oom_score_adj:  # whatever the call forked meanwhile
+                    for pid in v2.procs(cg):
+                        _raise_oom_score_adj(pid, oom_score_adj)
                 return pidfds
     finally:
         os.close(events)
@@ -221,32 +256,41 @@ def outcome(cg: str) -> dict[str, Any]:
     }
 
 
-def _tell_agent(call: dict[str, Any], entry: dict[str, Any], stderr: int) -> None:
+def _tell_agent(call: dict[str, Any], entry: dict[str, Any], stderr: int,
+                told_oom: bool = False) -> None:
     """Feedback on the call's own stderr (or terminal), written before the stream closes.
 
-    Nothing is written for a call that simply succeeded. A non-TTY call was told about an
-    admission delay before it started; a TTY call is told here, with the rest.
+    Nothing is written for a call that simply succeeded. An admission delay was told before the
+    call started, a kernel OOM kill the moment it happened (told_oom); the rest is told here.
     """
+    from . import feedback  # only now: the call is over, nobody waits on us
+
     messages = []
-    if call.get("tty") and feedback.should_report_delay(call.get("waited_s") or 0.0):
-        messages.append(feedback.admission_delayed(call["waited_s"]))
     held, run = entry.get("held_s") or 0.0, entry.get("duration") or 0.0
     if feedback.should_report_hold(held, run):
         messages.append(feedback.gate_held(held, run))
-    if entry["oom_killed"]:
+    if entry["oom_killed"] and not told_oom:
         messages.append(_oom_message(call, entry))
-    if not messages:
-        return
+    if messages:
+        say(call, stderr, messages)
+
+
+def say(call: dict[str, Any], stream: int, messages: list[str]) -> None:
+    """Write feedback messages to a call's stderr, or its terminal for a TTY call."""
+    from . import console, feedback
+
     try:
         if call.get("tty"):
-            console.write_to_terminal(stderr, "".join(messages))
+            console.write_to_terminal(stream, "".join(messages))
         else:
-            os.write(stderr, feedback.compose(*messages))
+            os.write(stream, feedback.compose(*messages))
     except OSError:
         pass
 
 
 def _oom_message(call: dict[str, Any], entry: dict[str, Any]) -> str:
+    from . import feedback
+
     parent = os.path.dirname(call["cgroup"])
     limit = v2.read_int(parent, "memory.max")
     used = v2.read_int(parent, "memory.current")
@@ -259,32 +303,34 @@ def _oom_message(call: dict[str, Any], entry: dict[str, Any]) -> str:
                                call.get("argv") or [], by=by)
 
 
-def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journal: str,
-          log: RuncLog, stderr: int | None = None) -> None:
-    cg = call["cgroup"]
-    cgroup_id = os.stat(cg).st_ino
-    # Once runc has exited the call is placed, or never will be.
-    exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
-                                                     int(call.get("oom_score_adj") or 0)))
-    os.close(runtime_pidfd)
-    _wait_empty(cg)
-    end = time.time()
+def conclude(call: dict[str, Any], end: float, gate: dict[str, Any] | None) -> dict[str, Any]:
+    """A finished call's journal entry, all but its exit status: what the kernel kept in its
+    (empty) cgroup and what the growth gate did (the daemon's `done` answer, None if unmanaged).
+
+    Shared with the daemon's inside-agent calls (daemon/inside.py), so both journal alike."""
     entry = dict(call)
     entry.pop("daemon", None)
-    entry.update(outcome(cg))
+    entry.update(outcome(call["cgroup"]))
     entry["duration"] = round(end - call["start"], 6)
-    gate = admit.done(call["daemon"]["socket"], call["daemon"]["timeout_s"], call["call"]) \
-        if call.get("daemon") else None
     entry["held_s"] = float(gate.get("held_s") or 0.0) if gate else 0.0
     entry["killed_by_execgate"] = bool(gate and gate.get("killed_by_execgate"))
     entry["oom_killed"] = bool(entry["oom_kill"] or entry["oom_group_kill"]
                                or entry["killed_by_execgate"])
+    return entry
+
+
+def tell_and_close(call: dict[str, Any], entry: dict[str, Any], stderr: int | None,
+                   told_oom: bool = False) -> None:
+    """Feedback (if any) on the call's kept stderr, then let go of it: the agent may be
+    waiting for that stream's EOF."""
     if stderr is not None:
-        _tell_agent(call, entry, stderr)
+        _tell_agent(call, entry, stderr, told_oom)
         os.close(stderr)
-    if not v2.remove(cg):
-        log.warning(f"call {call['call']}: cannot remove {cg}")
-    entry.update(decode_status(_exit_status(exec_pidfd, cgroup_id)))
+
+
+def record(entry: dict[str, Any], status: int | None, end: float, journal: str, log: Any) -> None:
+    """Complete the entry with the exit status (a wait status, None if unknown) and append it."""
+    entry.update(decode_status(status))
     if entry["exit_code"] is None and entry["oom_kill"]:
         entry.update(exit_code=137, signal=9)
     if entry["exit_code"] is None and entry["killed_by_execgate"]:
@@ -293,4 +339,30 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     try:
         records.append_journal(journal, entry)
     except OSError as e:
-        log.warning(f"call {call['call']}: cannot write journal {journal}: {e}")
+        log.warning(f"call {entry['call']}: cannot write journal {journal}: {e}")
+
+
+def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journal: str,
+          log: RuncLog, stderr: int | None = None) -> None:
+    cg = call["cgroup"]
+    cgroup_id = os.stat(cg).st_ino
+    # Once runc has exited the call is placed, or never will be.
+    exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
+                                                     int(call.get("oom_score_adj") or 0)))
+    os.close(runtime_pidfd)
+    told = []
+
+    def tell_oom_now() -> None:
+        early = {"memory_peak": v2.read_int(cg, "memory.peak"), "killed_by_execgate": False}
+        say(call, stderr, [_oom_message(call, early)])  # type: ignore[arg-type]
+        told.append(True)
+
+    _wait_empty(cg, tell_oom_now if stderr is not None else None)
+    end = time.time()
+    gate = admit.done(call["daemon"]["socket"], call["daemon"]["timeout_s"], call["call"]) \
+        if call.get("daemon") else None
+    entry = conclude(call, end, gate)
+    tell_and_close(call, entry, stderr, told_oom=bool(told))
+    if not v2.remove(cg):
+        log.warning(f"call {call['call']}: cannot remove {cg}")
+    record(entry, _exit_status(exec_pidfd, cgroup_id), end, journal, log)

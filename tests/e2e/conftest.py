@@ -3,10 +3,12 @@ or natively on a Docker host with cgroup v2 and execgate installed)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import select
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -126,3 +128,48 @@ def containers() -> Iterator[Containers]:
     c = Containers()
     yield c
     c.cleanup()
+
+
+CONFIG = "/etc/execgate/config.toml"
+
+
+def ctl_status() -> dict[str, Any]:
+    p = subprocess.run(["execgatectl", "status", "--json"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def daemon_up() -> bool:
+    return ctl_status()["source"].startswith("execgated pid")
+
+
+def systemctl(*args: str) -> None:
+    subprocess.run(["systemctl", *args], check=True, timeout=120)
+
+
+@contextlib.contextmanager
+def memory_domain(containers: Containers, slice_name: str, budget: int, n: int,
+                  config: str) -> Iterator[list[str]]:
+    """n sandboxes in one slice capped at budget, the daemon scheduling that slice with extra
+    config (TOML tables); config and daemon are restored afterwards."""
+    domain = os.path.join(CGROOT, slice_name)
+    shutil.copy(CONFIG, CONFIG + ".orig")
+    with open(CONFIG, "a") as f:
+        f.write(f'\n[daemon]\ndomain = "{domain}"\n{config}\n')
+    try:
+        cids = [containers.run("--cgroup-parent", slice_name) for _ in range(n)]
+        with open(os.path.join(domain, "memory.max"), "w") as f:
+            f.write(str(budget))
+        systemctl("restart", "execgated")
+        wait_for(daemon_up, timeout=120, what="execgated to come up")
+        yield cids
+    finally:
+        shutil.move(CONFIG + ".orig", CONFIG)
+        systemctl("restart", "execgated")
+
+
+def oom_kills(cg: str) -> int:
+    """Kernel OOM kills in a cgroup's subtree so far."""
+    with open(os.path.join(cg, "memory.events")) as f:
+        return int(dict(line.split() for line in f).get("oom_kill", 0))

@@ -4,55 +4,32 @@ is gone, and rediscovers running calls when it comes back."""
 from __future__ import annotations
 
 import concurrent.futures
-import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import CGROOT, Containers, docker, journal_for, wait_for
+from conftest import (
+    Containers,
+    ctl_status,
+    daemon_up,
+    docker,
+    journal_for,
+    memory_domain,
+    systemctl,
+    wait_for,
+)
 
 SLICE = "egtest.slice"
-DOMAIN = os.path.join(CGROOT, SLICE)
 BUDGET = 640 << 20
-CONFIG = "/etc/execgate/config.toml"
 CALL_MIB, HOLD_S, N = 200, 4, 4  # 4 x 200 MiB > 640 MiB: eager execution cannot fit
-
-
-def ctl_status() -> dict:
-    p = subprocess.run(["execgatectl", "status", "--json"], capture_output=True, text=True,
-                       timeout=30)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
-def systemctl(*args: str) -> None:
-    subprocess.run(["systemctl", *args], check=True, timeout=60)
-
-
-def daemon_up() -> bool:
-    return ctl_status()["source"].startswith("execgated pid")
 
 
 @pytest.fixture
 def domain(containers: Containers) -> Iterator[Containers]:
     """N sandboxes in one slice capped at BUDGET; the daemon schedules that slice."""
-    shutil.copy(CONFIG, CONFIG + ".orig")
-    with open(CONFIG, "a") as f:
-        f.write(f'\n[daemon]\ndomain = "{DOMAIN}"\n\n[admission]\nmax_admission_wait_s = 120\n')
-    try:
-        for _ in range(N):
-            containers.run("--cgroup-parent", SLICE)
-        with open(os.path.join(DOMAIN, "memory.max"), "w") as f:
-            f.write(str(BUDGET))
-        systemctl("restart", "execgated")
-        wait_for(daemon_up, what="execgated to come up")
+    with memory_domain(containers, SLICE, BUDGET, N, "[admission]\nmax_admission_wait_s = 120"):
         yield containers
-    finally:
-        shutil.move(CONFIG + ".orig", CONFIG)
-        systemctl("restart", "execgated")
 
 
 def burst(cids: list[str], hint: str | None) -> list[subprocess.CompletedProcess[bytes]]:

@@ -223,6 +223,7 @@ def test_freeze_gate(tmp_path: Path) -> None:
     assert g.set(root / "c1/tool-a", allow=True)
     assert (root / "c1/tool-a/cgroup.freeze").read_text() == "0"
     assert not g.set("c1/gone", allow=False)
+    assert not g.set(987654321, allow=True)  # never frozen here: no tree walk, nothing to do
     with pytest.raises(ValueError):
         g.set(str(root), allow=False)
     assert g.clear() == 1

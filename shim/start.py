@@ -1,0 +1,35 @@
+"""`start`: run runc start, then give the container the init/ + tool-*/ cgroup layout.
+
+Done here, not at create, because the engine's shim has loaded the container's cgroup by now
+(see create.py); the container is frozen for the moment it takes (cgroups/container.py).
+"""
+
+from __future__ import annotations
+
+from execgate.cgroups import container
+from execgate.common import records
+from execgate.oci import runtime
+
+from .context import Context
+
+
+def handle(ctx: Context) -> int:
+    flags = ctx.inv.command_flags()
+    rc = runtime.run(ctx.runtime, ctx.inv.argv)
+    if rc != 0 or not flags.positionals:
+        return rc
+    rec = records.load_container(ctx.config.state_dir, flags.positionals[0])
+    if not rec or not rec.get("managed") or rec.get("prepared"):
+        return rc
+    try:
+        rec["controllers"] = container.prepare(rec["cgroup"], ctx.config.controllers)
+        rec["prepared"] = True
+    except Exception as e:  # noqa: BLE001 - the container runs as with plain runc
+        rec["managed"] = False
+        rec["reason"] = f"{type(e).__name__}: {e}"
+        ctx.log.warning(f"container {rec['id']}: no per-exec cgroups ({rec['reason']})")
+    try:
+        records.save_container(ctx.config.state_dir, rec)
+    except OSError as e:
+        ctx.log.warning(f"container {rec['id']}: cannot save record: {e}")
+    return rc
