@@ -49,6 +49,6 @@ def handle(ctx: Context) -> int:
         ctx.log.warning(f"container {cid}: no per-exec cgroups ({record['reason']})")
     try:
         records.save_container(ctx.config.state_dir, record)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         ctx.log.warning(f"container {cid}: cannot save record: {e}")
     return rc

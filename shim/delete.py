@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from execgate.cgroups import container, v2
 from execgate.common import hints, records
@@ -18,6 +19,14 @@ def handle(ctx: Context) -> int:
     rc = runtime.run(ctx.runtime, ctx.inv.argv)
     if rc != 0 or not rec:
         return rc
+    try:  # runc has run: from here on nothing may make main() run it again
+        _clean_up(ctx, rec)
+    except Exception as e:  # noqa: BLE001
+        ctx.log.warning(f"delete {rec['id']}: clean-up failed: {type(e).__name__}: {e}")
+    return rc
+
+
+def _clean_up(ctx: Context, rec: dict[str, Any]) -> None:
     cg = rec.get("cgroup")
     # runc (or systemd) removes the container cgroup recursively; this catches what is left
     # when that removal raced a watcher or the container's cgroup survived the delete.
@@ -28,4 +37,3 @@ def handle(ctx: Context) -> int:
             v2.remove(init, attempts=3)
     records.remove_container(ctx.config.state_dir, rec["id"])
     hints.forget_warnings(ctx.config.state_dir, str(rec.get("sandbox") or rec["id"]))
-    return rc

@@ -23,12 +23,15 @@ from .context import Context
 Handler = Callable[[Context], "list[str] | int"]
 
 
+INTERCEPTED = ("create", "start", "exec", "kill", "delete")
+
+
 def _handlers() -> dict[str, Handler]:
-    from . import create, delete, kill
+    from . import create, delete, kill, start
     from . import exec as exec_
 
-    return {"create": create.handle, "exec": exec_.handle, "kill": kill.handle,
-            "delete": delete.handle}
+    return {"create": create.handle, "start": start.handle, "exec": exec_.handle,
+            "kill": kill.handle, "delete": delete.handle}
 
 
 def main() -> None:
@@ -52,10 +55,11 @@ def main() -> None:
         sys.exit(1)
 
     result: list[str] | int = argv
-    if cfg.per_exec_cgroups and inv.command in ("create", "start", "exec", "kill", "delete"):
+    handlers = _handlers() if cfg.per_exec_cgroups and inv.command in INTERCEPTED else {}
+    if inv.command in handlers:
         ctx = Context(inv=inv, config=cfg, log=log, runtime=real)
         try:
-            result = _handlers()[inv.command](ctx)
+            result = handlers[inv.command](ctx)
         except Exception as e:  # noqa: BLE001 - never break a container over our own bug
             log.warning(f"{inv.command}: {type(e).__name__}: {e}; passing through to {real}")
             result = argv

@@ -18,9 +18,17 @@ def handle(ctx: Context) -> int:
     rc = runtime.run(ctx.runtime, ctx.inv.argv)
     if rc != 0 or not flags.positionals:
         return rc
-    rec = records.load_container(ctx.config.state_dir, flags.positionals[0])
+    try:  # runc has run: from here on nothing may make main() run it again
+        _prepare(ctx, flags.positionals[0])
+    except Exception as e:  # noqa: BLE001
+        ctx.log.warning(f"start {flags.positionals[0]}: {type(e).__name__}: {e}")
+    return rc
+
+
+def _prepare(ctx: Context, cid: str) -> None:
+    rec = records.load_container(ctx.config.state_dir, cid)
     if not rec or not rec.get("managed") or rec.get("prepared"):
-        return rc
+        return
     try:
         rec["controllers"] = container.prepare(rec["cgroup"], ctx.config.controllers)
         rec["prepared"] = True
@@ -28,8 +36,4 @@ def handle(ctx: Context) -> int:
         rec["managed"] = False
         rec["reason"] = f"{type(e).__name__}: {e}"
         ctx.log.warning(f"container {rec['id']}: no per-exec cgroups ({rec['reason']})")
-    try:
-        records.save_container(ctx.config.state_dir, rec)
-    except OSError as e:
-        ctx.log.warning(f"container {rec['id']}: cannot save record: {e}")
-    return rc
+    records.save_container(ctx.config.state_dir, rec)

@@ -56,3 +56,9 @@ def test_splicing_keeps_everything_else() -> None:
     assert inv.with_command_flags(["--cgroup", "tool-1"]) == [
         "--root", "/r", "exec", "--cgroup", "tool-1", "--process", "/p", "cid"]
     assert inv.argv == argv
+
+
+def test_every_intercepted_subcommand_has_a_handler() -> None:
+    from execgate.shim import main
+
+    assert sorted(main._handlers()) == sorted(main.INTERCEPTED)
