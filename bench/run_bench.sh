@@ -2,7 +2,7 @@
 # Host side of the replay benchmark: boots the test VM, runs bench/replay.py there, and renders
 # the report and plots here (the VM has no matplotlib).
 #   bench/run_bench.sh demo|run|sweep [RESULTS_DIR] [-- replay.py arguments...]
-# e.g. bench/run_bench.sh sweep results/bench-sweep -- --tasks 8 --oversub 2,4,8.6 --fold-mib 16
+# e.g. bench/run_bench.sh sweep results/bench-sweep -- --task-counts 8,16,38 --budgets 640m
 # Plots need matplotlib in the host's Python (.venv/bin/pip install matplotlib).
 set -euo pipefail
 

@@ -54,7 +54,6 @@ class Proxy:
             if not fds:
                 return None
             master = fds[0]
-            _clear_onlcr(master)
             slave = None
             try:
                 slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
@@ -75,17 +74,6 @@ class Proxy:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-
-
-def _clear_onlcr(master: int) -> None:
-    """What the engine does on receiving the master, done before the relay's delay can let the
-    call's first output through with '\n' turned into '\r\n' (the client adds its own '\r')."""
-    try:
-        attrs = termios.tcgetattr(master)
-        attrs[1] &= ~termios.ONLCR
-        termios.tcsetattr(master, termios.TCSANOW, attrs)
-    except termios.error:
-        pass
 
 
 def write_to_terminal(slave: int, text: str) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+# Tests in pending/ are open work, run on request (see pending/README.md), not by the suite.
+collect_ignore = ["pending"]
+
 IMAGE = os.environ.get("EXECGATE_TEST_IMAGE", "execgate-test:latest")
 RUNTIME = os.environ.get("EXECGATE_TEST_RUNTIME", "execgate")
 STATE_DIR = "/run/execgate"
@@ -155,8 +158,11 @@ def memory_domain(containers: Containers, slice_name: str, budget: int, n: int,
     config (TOML tables); config and daemon are restored afterwards."""
     domain = os.path.join(CGROOT, slice_name)
     shutil.copy(CONFIG, CONFIG + ".orig")
-    with open(CONFIG, "a") as f:
-        f.write(f'\n[daemon]\ndomain = "{domain}"\n{config}\n')
+    # A whole new file: TOML forbids a second [daemon] table. The test bed keeps sched_ext for
+    # the tests that ask for it (each load and unload patches kernel text, which TCG can oops on).
+    gate = "" if "gate =" in config else 'gate = "freeze"\n'
+    with open(CONFIG, "w") as f:
+        f.write(f'daemon_timeout_ms = 2000\n\n[daemon]\ndomain = "{domain}"\n{gate}{config}\n')
     try:
         cids = [containers.run("--cgroup-parent", slice_name) for _ in range(n)]
         with open(os.path.join(domain, "memory.max"), "w") as f:

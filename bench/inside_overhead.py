@@ -1,0 +1,163 @@
+"""What inside-agent tracing costs an agent: N short commands, with and without the opt-in.
+
+    sudo python3 bench/inside_overhead.py [--n 1000] [--rounds 3] [--modes queued,always]
+
+Needs Docker with execgate installed and execgated running (e.g. in the test VM:
+`EXECGATE_VM_CMD='python3 src/bench/inside_overhead.py --n 200' tests/vm/run.sh cmd DIR`).
+Each run starts a container whose main process (the "agent", a busybox sh loop) spawns N
+`memhog 0` children (a static binary that allocates nothing: the shortest real command), timed
+from inside with /proc/uptime. Variants: `plain` (execgate runtime, no opt-in: the baseline an
+agent has today) and `inside:<freeze mode>` (each child placed, admitted and journaled by the
+daemon). Reported: the agent's time per command, the added latency per spawned process, the
+slowdown, and the daemon's own figures (placement delay after exec, memory before placement).
+Changing the freeze mode rewrites /etc/execgate/config.toml and restarts execgated; the original
+config is restored at the end. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+IMAGE = "execgate-test:latest"
+CONFIG = "/etc/execgate/config.toml"
+JOURNAL = "/var/lib/execgate/calls.jsonl"
+
+
+def sh(*argv: str, timeout: float = 120) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True,
+                          timeout=timeout).stdout.strip()
+
+
+def restart_daemon() -> None:
+    sh("systemctl", "restart", "execgated")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        p = subprocess.run(["execgatectl", "status", "--json"], capture_output=True, text=True)
+        if p.returncode == 0 and json.loads(p.stdout)["source"].startswith("execgated pid"):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("execgated did not come back")
+
+
+def journal(cid: str) -> list[dict[str, Any]]:
+    out = []
+    with open(JOURNAL) as f:
+        for line in f:
+            if cid in line:
+                e = json.loads(line)
+                if e.get("container") == cid:
+                    out.append(e)
+    return out
+
+
+def one_run(n: int, opt_in: bool) -> dict[str, Any]:
+    script = ('sleep 2; read t0 rest < /proc/uptime; i=0; fails=0; '
+              f'while [ $i -lt {n} ]; do memhog 0 || fails=$((fails+1)); i=$((i+1)); done; '
+              'read t1 rest < /proc/uptime; echo "$t0 $t1 $fails" > /tmp/done; exec sleep 1000')
+    args = ["docker", "run", "-d", "--runtime", "execgate"]
+    if opt_in:
+        args += ["--annotation", "execgate.agent=inside"]
+    cid = sh(*args, IMAGE, "sh", "-c", script)
+    try:
+        pid = int(sh("docker", "inspect", "-f", "{{.State.Pid}}", cid))
+        done = f"/proc/{pid}/root/tmp/done"
+        deadline = time.monotonic() + 120 + n
+        while not os.path.exists(done):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{n} commands did not finish")
+            time.sleep(0.5)
+        time.sleep(0.2)
+        with open(done) as f:
+            t0, t1, fails = f.read().split()
+        entries: list[dict[str, Any]] = []
+        if opt_in:  # wait for the daemon's journal lines (the loop's plus the first sleep)
+            wait = time.monotonic() + 60
+            while len(entries) < n and time.monotonic() < wait:
+                time.sleep(0.5)
+                entries = [e for e in journal(cid) if e.get("argv", [])[:1] == ["memhog"]]
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+    out: dict[str, Any] = {"agent_s": float(t1) - float(t0), "fails": int(fails)}
+    if entries:
+        ins = [e["inside"] for e in entries]
+        place = sorted(i["placement_us"] for i in ins)
+        moves = sorted(i.get("move_us") or 0 for i in ins)
+        out.update(calls=len(entries), move_us_p50=moves[len(moves) // 2],
+                   placement_us_p50=place[len(place) // 2],
+                   placement_us_p95=place[len(place) * 95 // 100],
+                   rss_before_p50=statistics.median(i.get("rss_before_bytes") or 0 for i in ins),
+                   anon_before_p50=statistics.median(i.get("anon_before_bytes") or 0
+                                                     for i in ins),
+                   frozen=sum(1 for i in ins if i.get("frozen_s")))
+    return out
+
+
+def set_mode(original: str, mode: str) -> None:
+    """[inside] freeze = mode (the installed config has no [inside] table: main checks)."""
+    with open(CONFIG, "w") as f:
+        f.write(original + f'\n[inside]\nfreeze = "{mode}"\n')
+    restart_daemon()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1000, help="commands per run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="queued,always", help="freeze modes to compare")
+    ap.add_argument("--out", help="write the figures here as JSON")
+    args = ap.parse_args()
+    with open(CONFIG) as f:
+        original = f.read()
+    if "[inside]" in original:
+        sys.exit(f"{CONFIG} has an [inside] table already; remove it first")
+    shutil.copy(CONFIG, CONFIG + ".bench")
+    variants: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for mode in args.modes.split(","):
+            set_mode(original, mode)
+            for _ in range(args.rounds):  # interleaved, so drift hits both alike
+                variants.setdefault("plain", []).append(one_run(args.n, False))
+                variants.setdefault(f"inside:{mode}", []).append(one_run(args.n, True))
+    finally:
+        shutil.move(CONFIG + ".bench", CONFIG)
+        restart_daemon()
+    base = statistics.median(r["agent_s"] for r in variants["plain"])
+    with open("/proc/self/mountinfo") as f:
+        mount = next((ln.split(" - ")[1].strip() for ln in f if " /sys/fs/cgroup " in ln), "?")
+    print(f"cgroup2 mount: {mount}")
+    summary: dict[str, Any] = {"n": args.n, "rounds": args.rounds, "runs": variants,
+                               "cgroup_mount": mount,
+                               "plain_ms_per_cmd": round(base * 1000 / args.n, 3)}
+    print(f"plain: {base:.2f} s for {args.n} commands ({base * 1000 / args.n:.2f} ms each)")
+    for name, runs in variants.items():
+        if name == "plain":
+            continue
+        t = statistics.median(r["agent_s"] for r in runs)
+        fig = {"agent_s": round(t, 3), "ms_per_cmd": round(t * 1000 / args.n, 3),
+               "added_us_per_cmd": round((t - base) * 1e6 / args.n, 1),
+               "slowdown_pct": round(100 * (t / base - 1), 1),
+               "fails": sum(r["fails"] for r in runs)}
+        for key in ("calls", "placement_us_p50", "placement_us_p95", "move_us_p50",
+                    "rss_before_p50",
+                    "anon_before_p50", "frozen"):
+            vals = [r[key] for r in runs if key in r]
+            if vals:
+                fig[key] = statistics.median(vals)
+        summary[name] = fig
+        print(f"{name}: {json.dumps(fig)}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Tables and plots of a replay benchmark's results.json (written by bench/replay.py).
+
+    python3 bench/report.py DIR/results.json [--out DIR] [--no-plots]
+
+Writes report.md and, with matplotlib (`pip install matplotlib`; the VM has none), one PNG per
+load of memory and concurrency over time per scheme (timeline-N.png) and makespan / P50 latency /
+failures per scheme and load (summary.png). The Markdown part is stdlib only: the runner prints
+it at the end of a run inside the VM.
+
+Static-K is run for several K; tables and plots show the best K of each load: the fastest
+(makespan) among the Ks that completed every task, or the one completing most if none did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+# Scheme colours, stable across plots; unknown schemes cycle through the rest.
+COLOURS = {"eager": "#d62728", "static": "#7f7f7f", "reserve": "#9467bd",
+           "agentcgroup": "#ff7f0e", "execgate": "#2ca02c", "execgate-noadmit": "#17becf"}
+_EXTRA = ("#1f77b4", "#8c564b", "#e377c2", "#bcbd22")
+FAMILY_ORDER = ("eager", "static", "reserve", "agentcgroup", "execgate-noadmit", "execgate")
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not str(data.get("format", "")).startswith("execgate-bench-results/"):
+        raise ValueError(f"{path}: not a replay results file")
+    return data
+
+
+def _rank(run: dict[str, Any]) -> tuple[float, ...]:
+    m = run["metrics"]
+    return (m["tasks_failed"], m["makespan_s"], m["oom_kills"], run.get("k") or 0)
+
+
+def best_static(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The static-K run to show: all tasks done and fastest; else most done."""
+    static = [r for r in runs if r.get("family") == "static"]
+    return min(static, key=_rank) if static else None
+
+
+def _family_key(run: dict[str, Any]) -> tuple[int, str]:
+    fam = run.get("family", run["scheme"])
+    return (FAMILY_ORDER.index(fam) if fam in FAMILY_ORDER else len(FAMILY_ORDER), run["scheme"])
+
+
+def shown_runs(results: dict[str, Any], point: int) -> list[dict[str, Any]]:
+    """Runs of one load as the report shows them: every scheme, static-K collapsed to its best."""
+    runs = [r for r in results["runs"] if r.get("point", 0) == point]
+    out = [r for r in runs if r.get("family") != "static"]
+    best = best_static(runs)
+    if best:
+        out.append(best)
+    return sorted(out, key=_family_key)
+
+
+def label(run: dict[str, Any]) -> str:
+    return f"static (K={run['k']})" if run.get("family") == "static" else run["scheme"]
+
+
+def colour(run: dict[str, Any], i: int = 0) -> str:
+    return COLOURS.get(run.get("family", run["scheme"]), _EXTRA[i % len(_EXTRA)])
+
+
+def _num(x: Any, fmt: str = "{:.1f}") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return fmt.format(x)
+
+
+def _pct(x: Any) -> str:
+    return _num(None if x is None else 100 * x, "{:.0f} %")
+
+
+def _row(run: dict[str, Any]) -> list[str]:
+    m = run["metrics"]
+    return [
+        label(run),
+        f"{m['tasks_completed']}/{m['tasks_total']}",
+        f"{_num(m['makespan_s'])} ({_num(m['makespan_trace_s'], '{:.0f}')})",
+        f"{_num(m.get('latency_arrival_p50_s'))} / {_num(m.get('latency_arrival_p95_s'))}",
+        str(m["oom_kills"]),
+        f"{m['failed_attempts']}/{m['attempts']} ({_pct(m['attempt_failure_rate'])})",
+        f"{_pct(m['mem_peak_util'])} / {_pct(m['mem_mean_util'])}",
+        f"{m['concurrency_max']} / {_num(m['concurrency_mean'])}",
+        _num(m.get("call_delay_p50_s"), "{:.2f}"),
+    ]
+
+
+HEADER = ["scheme", "tasks done", "makespan s (trace s)", "latency P50 / P95 s",
+          "OOM kills", "failed attempts", "memory peak / mean", "tasks running max / mean",
+          "call delay P50 s"]
+
+
+def _table(rows: list[list[str]], header: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The whole report as Markdown (stdlib only)."""
+    p = results.get("params", {})
+    w = p.get("workload", {})
+    out = ["# execgate trace-replay benchmark", ""]
+    if results.get("command"):
+        out += [f"`{results['command']}`", ""]
+    out.append(
+        f"Workload: seed {p.get('seed')}{' (trace ' + p['trace'] + ')' if p.get('trace') else ''}"
+        f", {p.get('arrival')} arrivals (mean gap {p.get('mean_gap_trace_s')} trace s), replayed "
+        f"{w.get('speed')}x faster, memory /{w.get('mem_scale')}, CPU x{w.get('cpu_scale')}"
+        + (f", calls under {w['fold_bytes'] / MiB:g} MiB folded" if w.get("fold_bytes") else "")
+        + (f", {w['max_calls']} heaviest calls per task" if w.get("max_calls") else "")
+        + f"; up to {p.get('retry_limit')} retries per task. Host: {results.get('host', {})}.")
+    out += ["", "Latency is from a task's arrival to its completion (queueing and retries "
+            "included), wall seconds; makespan in wall seconds (trace seconds in brackets). "
+            "Memory is the slice's memory.current against the budget. Call delay: a tool call's "
+            "wall time beyond its traced duration (runtime, admission wait, throttling).", ""]
+    for i, point in enumerate(results.get("points", [])):
+        runs = shown_runs(results, i)
+        if not runs:
+            continue
+        out.append(f"## {point['label']}: budget {point['budget_bytes'] / MiB:.0f} MiB, "
+                   f"oversubscription {point['oversubscription']:.2f}x")
+        out += ["", _table([_row(r) for r in runs], HEADER), ""]
+        static = sorted((r for r in results["runs"]
+                         if r.get("point", 0) == i and r.get("family") == "static"),
+                        key=lambda r: r["k"])
+        if len(static) > 1:
+            out.append("Static-K sweep: " + "; ".join(
+                f"K={r['k']}: {r['metrics']['tasks_completed']}/{r['metrics']['tasks_total']} "
+                f"done, makespan {_num(r['metrics']['makespan_s'])} s, "
+                f"{r['metrics']['oom_kills']} OOM kills" for r in static) + ".")
+            out.append("")
+        notes = [f"{r['scheme']}: {n}" for r in results["runs"] if r.get("point", 0) == i
+                 for n in r.get("notes", [])]
+        if notes:
+            out += ["Notes:", *(f"- {n}" for n in notes), ""]
+    if results.get("aborted"):
+        out += ["**The run was interrupted: results are partial.**", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots (matplotlib, imported only here)
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_timeline(results: dict[str, Any], point: int, path: Path) -> Path:
+    """Per scheme: memory (% of budget) and running tasks over wall time, OOM kills marked."""
+    plt = _plt()
+    runs = shown_runs(results, point)
+    pt = results["points"][point]
+    speed = results.get("params", {}).get("workload", {}).get("speed", 1.0)
+    t_max = max((row[0] for r in runs for row in r["samples"]["rows"]), default=1.0)
+    n_max = max((row[2] for r in runs for row in r["samples"]["rows"]), default=1)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.9 * len(runs) + 1.0), sharex=True,
+                             squeeze=False)
+    for i, (run, ax) in enumerate(zip(runs, axes[:, 0], strict=True)):
+        rows = run["samples"]["rows"]
+        t = [r[0] for r in rows]
+        mem = [100 * r[1] / pt["budget_bytes"] for r in rows]
+        c = colour(run, i)
+        ax.fill_between(t, mem, step="post", alpha=0.35, color=c, linewidth=0)
+        ax.step(t, mem, where="post", color=c, linewidth=1.0)
+        ax.axhline(100, color="black", linewidth=0.8, linestyle="--")
+        ax.set_ylim(0, 115)
+        ax.set_ylabel("memory %")
+        ooms = [a["end"] for a in run["attempts"] if a.get("oom_kills")]
+        if ooms:
+            ax.plot(ooms, [104] * len(ooms), "v", color="#d62728", markersize=6,
+                    label=f"OOM kill ({len(ooms)})")
+            ax.legend(loc="upper right", fontsize=8, frameon=False)
+        m = run["metrics"]
+        ax.set_title(f"{label(run)}: {m['tasks_completed']}/{m['tasks_total']} done, makespan "
+                     f"{m['makespan_s']:.0f} s, {m['oom_kills']} OOM kills, peak "
+                     f"{100 * m['mem_peak_util']:.0f} %", fontsize=9, loc="left")
+        ax2 = ax.twinx()
+        ax2.step(t, [r[2] for r in rows], where="post", color="#1f77b4", linewidth=1.2)
+        ax2.step(t, [r[3] for r in rows], where="post", color="#1f77b4", linewidth=0.6,
+                 alpha=0.6, linestyle=":")
+        ax2.set_ylim(0, max(n_max, 1) * 1.15 + 0.5)
+        ax2.set_ylabel("tasks", color="#1f77b4")
+        ax.set_xlim(0, t_max * 1.01 if t_max else 1)
+    axes[-1, 0].set_xlabel(f"wall seconds (x{speed:g} = trace seconds)   "
+                           "shaded: slice memory / budget;  blue: tasks running "
+                           "(dotted: tool calls in flight)")
+    fig.suptitle(f"{pt['label']}: budget {pt['budget_bytes'] / MiB:.0f} MiB, "
+                 f"oversubscription {pt['oversubscription']:.1f}x", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_summary(results: dict[str, Any], path: Path) -> Path:
+    """Makespan, P50 latency and failures per scheme: bars for one load, lines across loads."""
+    plt = _plt()
+    points = results.get("points", [])
+    many = len(points) > 1
+    panels = [("makespan_s", "makespan (s)"), ("latency_arrival_p50_s", "P50 latency (s)"),
+              ("failed_attempts", "failed attempts (OOM kills "
+                                  + ("dashed)" if many else "hatched)"))]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    series: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    for i, pt in enumerate(points):
+        for run in shown_runs(results, i):
+            series.setdefault(run.get("family", run["scheme"]), []).append(
+                (pt["oversubscription"], run))
+    names = sorted(series, key=lambda f: _family_key(series[f][0][1]))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        if not many:
+            runs = [series[n][0][1] for n in names]
+            xs = range(len(runs))
+            vals = [r["metrics"].get(key, math.nan) for r in runs]
+            ax.bar(xs, vals, color=[colour(r, j) for j, r in enumerate(runs)])
+            if key == "failed_attempts":
+                ax.bar(xs, [r["metrics"]["oom_kills"] for r in runs], color="none",
+                       edgecolor="black", hatch="//", linewidth=0)
+            ax.set_xticks(list(xs), [label(r) for r in runs], rotation=25, ha="right",
+                          fontsize=8)
+            for x, v in zip(xs, vals, strict=True):
+                if isinstance(v, int | float) and not math.isnan(v):
+                    ax.annotate(f"{v:.0f}", (x, v), ha="center", va="bottom", fontsize=8)
+        else:
+            for j, name in enumerate(names):
+                pts = sorted(series[name], key=lambda p: p[0])
+                xs_ = [p[0] for p in pts]
+                c = colour(pts[0][1], j)
+                ax.plot(xs_, [p[1]["metrics"].get(key, math.nan) for p in pts], "o-", color=c,
+                        label="static (best K)" if name == "static" else name)
+                if key == "failed_attempts":
+                    ax.plot(xs_, [p[1]["metrics"]["oom_kills"] for p in pts], "--", color=c,
+                            linewidth=0.8)
+            ax.set_xlabel("oversubscription (sum of task peaks / budget)")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
+    if many:
+        axes[0].legend(fontsize=8)
+    else:
+        pt = points[0] if points else {"label": "", "oversubscription": math.nan}
+        fig.suptitle(f"{pt['label']}: oversubscription {pt['oversubscription']:.1f}x",
+                     fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render(results: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
+    """report.md plus, if `plots`, timeline-N.png per load and summary.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "report.md"
+    md.write_text(markdown(results), encoding="utf-8")
+    files = [md]
+    if plots and results.get("runs"):
+        for i in range(len(results.get("points", []))):
+            if shown_runs(results, i):
+                files.append(plot_timeline(results, i, out / f"timeline-{i + 1}.png"))
+        files.append(plot_summary(results, out / "summary.png"))
+    return files
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/report.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="results.json written by bench/replay.py")
+    ap.add_argument("--out", help="output directory (default: next to results.json)")
+    ap.add_argument("--no-plots", action="store_true", help="Markdown only (no matplotlib)")
+    args = ap.parse_args(argv)
+    try:
+        results = load(args.results)
+    except (OSError, ValueError) as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path(args.results).resolve().parent
+    try:
+        files = render(results, out, plots=not args.no_plots)
+    except ImportError:
+        print("report: matplotlib is needed for plots (pip install matplotlib), or --no-plots",
+              file=sys.stderr)
+        return 2
+    for f in files:
+        print(f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,548 @@
+"""The schemes the replay benchmark compares, and the pure pieces of the replay around them.
+
+Everything here is deterministic and free of I/O so it can be unit-tested on any host; the
+runner (bench/replay.py) adds Docker, cgroups and threads. Stdlib only: it runs in the test VM.
+
+* `Scheme`: how one scheme sets up the host (runtime, daemon, AgentCgroup mode, hints) and
+  which runner-side admission gate it uses. An ablation is a `replace()` of a base scheme plus a
+  registry entry (see `_ABLATIONS`).
+* Workload transforms: memory scale (so 2-4 GB bursts fit a small VM), CPU scale, folding of
+  light calls into idle time, time compression (`trace.scale_time`).
+* Arrival schedules from a seed, identical for every scheme of a run.
+* Runner-side gates: static-K slots and profiled-peak reservations, both strict FIFO.
+* The execgate config a scheme needs (tomllib can read TOML but not write it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import importlib
+import json
+import math
+import random
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from execgate.bench.trace import (
+    LlmWait,
+    Step,
+    Task,
+    ToolCall,
+    memload_argv,
+    memory_curve,
+    profiled_peak,
+    scale_time,
+)
+
+MiB = 1 << 20
+
+# ---------------------------------------------------------------------------------------------
+# Schemes
+
+GATES = ("none", "static", "reserve")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way of running the same tasks; the runner turns these fields into host state."""
+
+    name: str
+    runtime: str  # docker run --runtime
+    daemon: bool  # execgated running, its domain = the benchmark's slice
+    hints: bool  # tool calls carry AGENT_RESOURCE_HINT=memory:<profiled peak>
+    memory_high_from_hint: bool = False  # AgentCgroup mode (top-level config key)
+    gate: str = "none"  # runner-side admission of whole tasks
+    k: int | None = None  # slots of the static gate
+    # Extra config.toml tables for the daemon ({"growth": {"enabled": False}} for an ablation).
+    daemon_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    family: str = ""  # the base scheme's name ("static" for static-4); the report groups by it
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {', '.join(GATES)} (got {self.gate!r})")
+        if (self.gate == "static") != (self.k is not None):
+            raise ValueError("k is required by, and only by, the static gate")
+        if self.k is not None and self.k < 1:
+            raise ValueError("k must be >= 1")
+        if not self.family:
+            object.__setattr__(self, "family", self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["daemon_tables"] = {k: dict(v) for k, v in self.daemon_tables.items()}
+        return d
+
+
+EAGER = Scheme("eager", "runc", daemon=False, hints=False,
+               description="runc, no control: tasks start on arrival, calls run at once")
+STATIC = Scheme("static", "runc", daemon=False, hints=False, gate="static", k=1,
+                description="runc, at most K tasks (sandboxes) at a time, FIFO")
+RESERVE = Scheme("reserve", "runc", daemon=False, hints=False, gate="reserve",
+                 description="runc, a task starts once its profiled peak fits the budget "
+                             "beside the reservations of running tasks (FIFO)")
+AGENTCGROUP = Scheme("agentcgroup", "execgate", daemon=False, hints=True,
+                     memory_high_from_hint=True,
+                     description="execgate runtime, hint -> memory.high of the call's cgroup, "
+                                 "no admission (daemon stopped)")
+EXECGATE = Scheme("execgate", "execgate", daemon=True, hints=True,
+                  description="execgate runtime + execgated admitting calls in the slice")
+NO_ADMISSION = Scheme("execgate-noadmit", "execgate", daemon=False, hints=True,
+                      description="ablation: execgate runtime, daemon stopped (fail open)")
+
+# Ablations of the full system: one line each. The growth-gate ablation goes here once the
+# gate is configurable, e.g.
+#   replace(EXECGATE, name="execgate-nogrowth", family="execgate-nogrowth",
+#           daemon_tables={"growth": {"enabled": False}}, description="ablation: no growth gate")
+_ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION,)
+
+SCHEMES: dict[str, Scheme] = {
+    s.name: s for s in (EAGER, STATIC, RESERVE, AGENTCGROUP, EXECGATE, *_ABLATIONS)
+}
+DEFAULT_SCHEMES = "eager,static,reserve,agentcgroup,execgate,execgate-noadmit"
+DEFAULT_STATIC_K = (1, 2, 4, 8)
+
+
+def static_scheme(k: int) -> Scheme:
+    return replace(STATIC, name=f"static-{k}", k=k, family="static")
+
+
+def parse_schemes(spec: str, static_k: Sequence[int] = DEFAULT_STATIC_K,
+                  n_tasks: int | None = None) -> list[Scheme]:
+    """"eager,static,static-3,execgate" -> schemes; bare "static" sweeps `static_k` (capped at
+    n_tasks: K beyond the task count is the same run as eager on runc); "all" = every scheme."""
+    out: list[Scheme] = []
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if names == ["all"]:
+        names = list(SCHEMES)
+    for name in names:
+        if name == "static":
+            ks = sorted({min(k, n_tasks) if n_tasks else k for k in static_k})
+            if any(k < 1 for k in ks):
+                raise ValueError("static K values must be >= 1")
+            out.extend(static_scheme(k) for k in ks)
+        elif name.startswith("static-"):
+            try:
+                k = int(name.removeprefix("static-"))
+            except ValueError:
+                raise ValueError(f"bad static scheme {name!r} (want static-<K>)") from None
+            out.append(static_scheme(k))
+        elif name in SCHEMES:
+            out.append(SCHEMES[name])
+        else:
+            raise ValueError(f"unknown scheme {name!r}; known: {', '.join(SCHEMES)}, static-<K>")
+    seen: set[str] = set()
+    return [s for s in out if not (s.name in seen or seen.add(s.name))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload transforms
+
+
+def scale_memory(task: Task, factor: float) -> Task:
+    """Divide every byte count by `factor` so calibrated traces (bursts to 2-4 GB, 185 MB
+    baselines) fit a small VM with their proportions intact; metadata["mem_scale"] accumulates."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"memory scale must be a finite number > 0 (got {factor!r})")
+
+    def b(n: int) -> int:
+        return round(n / factor)
+
+    steps: list[Step] = []
+    for s in task.steps:
+        if isinstance(s, ToolCall):
+            m = s.memory
+            peak = b(m.peak_bytes)
+            mem = replace(m, baseline_bytes=min(b(m.baseline_bytes), peak), peak_bytes=peak,
+                          retained_bytes=min(b(m.retained_bytes), peak))
+            steps.append(replace(s, memory=mem))
+        else:
+            steps.append(s)
+    meta = dict(task.metadata)
+    meta["mem_scale"] = float(meta.get("mem_scale", 1.0)) * factor
+    return replace(task, steps=steps, baseline_bytes=b(task.baseline_bytes), metadata=meta)
+
+
+def scale_cpu(task: Task, factor: float) -> Task:
+    """Multiply every call's CPU share (clamped to 1): memload's busy loop is not what is measured
+    and two TCG vCPUs cannot burn a dozen calls' worth without stalling Docker itself."""
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ValueError(f"cpu scale must be a finite number >= 0 (got {factor!r})")
+    steps: list[Step] = [
+        replace(s, memory=replace(s.memory, cpu_share=min(1.0, s.memory.cpu_share * factor)))
+        if isinstance(s, ToolCall) else s
+        for s in task.steps
+    ]
+    return replace(task, steps=steps)
+
+
+def fold_calls(task: Task, min_peak_bytes: int = 0, max_calls: int | None = None) -> Task:
+    """Replay some calls as idle time of the same duration instead of a `docker exec`.
+
+    A call is folded when its peak is below `min_peak_bytes`, or when it is not among the
+    `max_calls` heaviest (by peak, ties to the earlier call). Light calls (git, grep, cat) barely
+    touch memory, but under TCG each exec costs ~1-2 s of pure overhead that the trace does not
+    have. A folded call's retained bytes are dropped. Adjacent idle steps are merged.
+    """
+    calls = [(i, s) for i, s in enumerate(task.steps) if isinstance(s, ToolCall)]
+    keep = {i for i, s in calls if s.memory.peak_bytes >= min_peak_bytes}
+    if max_calls is not None:
+        if max_calls < 0:
+            raise ValueError("max_calls must be >= 0")
+        ranked = sorted((i for i, _ in calls if i in keep),
+                        key=lambda i: (-task.steps[i].memory.peak_bytes, i))  # type: ignore[union-attr]
+        keep = set(ranked[:max_calls])
+    steps: list[Step] = []
+    folded = 0
+    for i, s in enumerate(task.steps):
+        if isinstance(s, ToolCall) and i in keep:
+            steps.append(s)
+            continue
+        folded += isinstance(s, ToolCall)
+        if steps and isinstance(steps[-1], LlmWait):
+            steps[-1] = LlmWait(steps[-1].duration_s + s.duration_s)
+        else:
+            steps.append(LlmWait(s.duration_s))
+    meta = dict(task.metadata)
+    meta["folded_calls"] = int(meta.get("folded_calls", 0)) + folded
+    return replace(task, steps=steps, metadata=meta)
+
+
+def scale_idle(task: Task, factor: float) -> Task:
+    """Multiply idle time (LLM waits, folded calls) only: a faster model, or a denser burst of
+    tool calls for a short demo. Tool calls keep their durations."""
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ValueError(f"idle scale must be a finite number >= 0 (got {factor!r})")
+    steps: list[Step] = [LlmWait(s.duration_s * factor) if isinstance(s, LlmWait) else s
+                         for s in task.steps]
+    meta = dict(task.metadata)
+    meta["idle_scale"] = float(meta.get("idle_scale", 1.0)) * factor
+    return replace(task, steps=steps, metadata=meta)
+
+
+def hint_for(call: ToolCall, headroom: float = 0.05, extra_bytes: int = 2 * MiB) -> str:
+    """AGENT_RESOURCE_HINT an accurate agent would declare: the call's profiled peak plus a little
+    for memload's own process (page tables, stack), so AgentCgroup's memory.high does not
+    throttle a call that behaves exactly as declared."""
+    want = call.memory.peak_bytes * (1.0 + headroom) + extra_bytes
+    return f"memory:{max(1, math.ceil(want / MiB))}m"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How traces become what is replayed; recorded in the results."""
+
+    speed: float = 20.0  # time compression (trace.scale_time)
+    mem_scale: float = 8.0  # bytes divided by this
+    cpu_scale: float = 0.25  # memload --cpu multiplied by this
+    fold_bytes: int = 0  # calls with a (scaled) peak below this become idle time
+    max_calls: int | None = None  # keep only the N heaviest calls of each task
+    idle_scale: float = 1.0  # idle time (LLM waits, folded calls) multiplied by this
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def prepare(tasks: Iterable[Task], w: Workload) -> list[Task]:
+    """The tasks as replayed: memory scaled, calls folded, idle time and CPU scaled, time
+    compressed."""
+    out = []
+    for t in tasks:
+        t = scale_memory(t, w.mem_scale) if w.mem_scale != 1 else t
+        if w.fold_bytes or w.max_calls is not None:
+            t = fold_calls(t, w.fold_bytes, w.max_calls)
+        t = scale_idle(t, w.idle_scale) if w.idle_scale != 1 else t
+        t = scale_cpu(t, w.cpu_scale) if w.cpu_scale != 1 else t
+        out.append(scale_time(t, w.speed) if w.speed != 1 else t)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrivals
+
+ARRIVALS = ("burst", "staggered", "poisson")
+
+
+def arrival_schedule(n: int, seed: int | str, kind: str = "poisson",
+                     mean_gap_s: float = 30.0) -> list[float]:
+    """Arrival offsets in trace seconds (first at 0), a pure function of its arguments, so every
+    scheme of a run sees the same schedule. burst: all at 0; staggered: every mean_gap_s;
+    poisson: exponential gaps of mean mean_gap_s."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    if kind not in ARRIVALS:
+        raise ValueError(f"arrival kind must be one of {', '.join(ARRIVALS)} (got {kind!r})")
+    if not (math.isfinite(mean_gap_s) and mean_gap_s >= 0):
+        raise ValueError("mean_gap_s must be a finite number >= 0")
+    if kind == "burst" or n == 0:
+        return [0.0] * n
+    if kind == "staggered":
+        return [i * mean_gap_s for i in range(n)]
+    rng = random.Random(f"arrivals:{seed}")
+    out, t = [0.0], 0.0
+    for _ in range(n - 1):
+        t += rng.expovariate(1.0 / mean_gap_s) if mean_gap_s > 0 else 0.0
+        out.append(round(t, 6))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Runner-side admission of whole tasks
+
+
+class Gate(Protocol):
+    """Decides whether a task may start now; `demand` is its profiled peak in bytes."""
+
+    def admit(self, task_id: str, demand: int) -> bool: ...
+
+    def release(self, task_id: str) -> None: ...
+
+
+class OpenGate:
+    """No control: every task starts on arrival."""
+
+    def admit(self, task_id: str, demand: int) -> bool:
+        return True
+
+    def release(self, task_id: str) -> None:
+        pass
+
+
+class SlotGate:
+    """Static-K: at most k tasks hold a sandbox at once, however small they are."""
+
+    def __init__(self, k: int) -> None:
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        self.k = k
+        self.held: set[str] = set()
+
+    def admit(self, task_id: str, demand: int) -> bool:
+        if len(self.held) >= self.k:
+            return False
+        self.held.add(task_id)
+        return True
+
+    def release(self, task_id: str) -> None:
+        self.held.discard(task_id)
+
+
+class ReservationGate:
+    """Each task reserves its profiled peak for its whole lifetime (retries included).
+
+    A task larger than the whole budget is admitted only when nothing else is reserved: it can
+    never fit, and refusing it forever would turn a sizing problem into a hang.
+    """
+
+    def __init__(self, budget: int) -> None:
+        if budget <= 0:
+            raise ValueError("budget must be > 0")
+        self.budget = budget
+        self.held: dict[str, int] = {}
+
+    @property
+    def reserved(self) -> int:
+        return sum(self.held.values())
+
+    def admit(self, task_id: str, demand: int) -> bool:
+        if self.held and self.reserved + demand > self.budget:
+            return False
+        self.held[task_id] = demand
+        return True
+
+    def release(self, task_id: str) -> None:
+        self.held.pop(task_id, None)
+
+
+def make_gate(scheme: Scheme, budget: int) -> Gate:
+    if scheme.gate == "static":
+        assert scheme.k is not None
+        return SlotGate(scheme.k)
+    if scheme.gate == "reserve":
+        return ReservationGate(budget)
+    return OpenGate()
+
+
+def admit_fifo(queue: deque[tuple[str, int]], gate: Gate) -> list[str]:
+    """Start tasks from the head of the arrival queue while the gate lets them in. Strict FIFO
+    (no backfilling): a big task at the head waits for room rather than starve behind small
+    ones, which is how a reservation system keeps its latency bound."""
+    started = []
+    while queue and gate.admit(*queue[0]):
+        started.append(queue.popleft()[0])
+    return started
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+
+
+def oversubscription(tasks: Iterable[Task], budget: int) -> float:
+    """Sum of the tasks' profiled peaks ÷ budget (the metric in bench/metrics.py)."""
+    return sum(profiled_peak(t) for t in tasks) / budget
+
+
+def budget_for_oversubscription(tasks: Sequence[Task], ratio: float,
+                                floor_bytes: int = 0) -> int:
+    """The budget (whole MiB) at which `tasks` oversubscribe it `ratio` times, but at least
+    `floor_bytes` (a budget smaller than the largest task would make it impossible to run)."""
+    if ratio <= 0:
+        raise ValueError("ratio must be > 0")
+    want = sum(profiled_peak(t) for t in tasks) / ratio
+    return max(int(want) // MiB * MiB, floor_bytes, MiB)
+
+
+def eager_peak_estimate(tasks: Sequence[Task], arrivals_s: Sequence[float],
+                        dt: float = 0.05) -> float:
+    """Peak of the summed memory curves if every task started on arrival and nothing was slowed
+    down: what eager would need, before any overhead. Only a planning aid."""
+    if len(tasks) != len(arrivals_s):
+        raise ValueError("one arrival per task")
+    curves = []
+    end = 0.0
+    for task, at in zip(tasks, arrivals_s, strict=True):
+        c = memory_curve(task, dt=dt)
+        curves.append(([at + t for t, _ in c], [v for _, v in c]))
+        end = max(end, at + c[-1][0])
+    points = sorted({t for ts, _ in curves for t in ts})
+    best = 0.0
+    for t in points:
+        total = 0.0
+        for ts, vs in curves:
+            if ts[0] <= t <= ts[-1]:
+                total += vs[bisect.bisect_right(ts, t) - 1]
+        best = max(best, total)
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# execgate's config for a scheme
+
+# Tables whose absolute byte (and byte/s) tunables are scaled with the workload's memory, so the
+# daemon sees a proportionally smaller world, not a 256 MiB safety margin in a 512 MiB domain.
+_SCALED_TABLES = {
+    "pressure": "execgate.policy.pressure:PressureConfig",
+    "admission": "execgate.policy.admission:AdmissionConfig",
+    "estimate": "execgate.policy.estimate:EstimateConfig",
+    "growth": "execgate.policy.growth:GrowthConfig",
+}
+
+
+def _byte_defaults() -> dict[str, dict[str, int | float]]:
+    """{table: {field: default}} of the daemon's size-like tunables (missing modules skipped)."""
+    out: dict[str, dict[str, int | float]] = {}
+    for table, ref in _SCALED_TABLES.items():
+        mod, _, cls = ref.partition(":")
+        try:
+            config_cls = getattr(importlib.import_module(mod), cls)
+        except (ImportError, AttributeError):
+            continue
+        out[table] = {
+            f.name: f.default for f in dataclasses.fields(config_cls)
+            if f.name.endswith(("_bytes", "_bps")) and isinstance(f.default, int | float)
+            and not isinstance(f.default, bool)
+        }
+    return out
+
+
+def scaled_daemon_tables(current: Mapping[str, Any], mem_scale: float,
+                         defaults: Mapping[str, Mapping[str, int | float]] | None = None,
+                         ) -> dict[str, dict[str, int]]:
+    """The daemon's byte tunables (as configured, else default) divided by `mem_scale`."""
+    if mem_scale == 1:
+        return {}
+    defaults = _byte_defaults() if defaults is None else defaults
+    out: dict[str, dict[str, int]] = {}
+    for table, fields in defaults.items():
+        have = current.get(table) if isinstance(current.get(table), dict) else {}
+        for name, default in fields.items():
+            value = have.get(name, default)
+            if isinstance(value, str):  # "512m": sizes may be written like hints
+                from execgate.common.hints import parse_size
+
+                value = parse_size(value)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out.setdefault(table, {})[name] = max(0, round(value / mem_scale))
+    return out
+
+
+def bench_config(original: Mapping[str, Any], scheme: Scheme, *, domain: str,
+                 mem_scale: float = 1.0, admission_wait_s: float | None = None,
+                 scale_daemon: bool = True,
+                 defaults: Mapping[str, Mapping[str, int | float]] | None = None,
+                 ) -> dict[str, Any]:
+    """The config.toml contents (as a dict) for running `scheme`: the original, plus the
+    AgentCgroup switch (always written: a host left in that mode must not taint other schemes),
+    plus, when the daemon runs, the slice as its domain and the scaled/ablation tables."""
+    cfg: dict[str, Any] = json.loads(json.dumps(original))  # deep copy of plain TOML data
+    cfg["memory_high_from_hint"] = scheme.memory_high_from_hint
+    if not scheme.daemon:
+        return cfg
+    tables: list[Mapping[str, Mapping[str, Any]]] = [{"daemon": {"domain": domain}}]
+    if scale_daemon:
+        tables.append(scaled_daemon_tables(original, mem_scale, defaults))
+    if admission_wait_s is not None:
+        tables.append({"admission": {"max_admission_wait_s": float(admission_wait_s)}})
+    tables.append(scheme.daemon_tables)
+    for t in tables:
+        for name, values in t.items():
+            section = cfg.get(name)
+            if not isinstance(section, dict):
+                section = cfg[name] = {}
+            section.update(values)
+    return cfg
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"cannot write {v!r} to TOML")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # JSON's escapes are a subset of TOML basic strings'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ValueError(f"cannot write {type(v).__name__} to TOML")
+
+
+def toml_dumps(data: Mapping[str, Any], _prefix: str = "") -> str:
+    """Plain TOML for config-shaped data: scalars and lists, then one [table] per dict."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            name = f"{_prefix}{k}"
+            body = toml_dumps(v, name + ".")
+            lines.append(f"\n[{name}]\n{body}".rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def slice_path(slice_name: str, root: str = "/sys/fs/cgroup") -> str:
+    """Where systemd puts a slice: "a-b.slice" lives in a.slice/a-b.slice."""
+    if not slice_name.endswith(".slice") or "/" in slice_name:
+        raise ValueError(f"not a systemd slice name: {slice_name!r}")
+    parts = slice_name.removesuffix(".slice").split("-")
+    chain = ["-".join(parts[: i + 1]) + ".slice" for i in range(len(parts))]
+    return "/".join([root.rstrip("/"), *chain])
+
+
+def sandbox_command(task: Task, binary: str = "memload") -> list[str]:
+    """The sandbox's init: it holds the agent framework's resident memory (task.baseline_bytes)
+    for the task's lifetime, as the real framework would inside the container."""
+    if task.baseline_bytes <= 0:
+        return ["sleep", "inf"]
+    mib = f"{task.baseline_bytes / MiB:.3f}"
+    return [binary, "--baseline-mib", mib, "--peak-mib", mib, "--shape", "plateau",
+            "--peak-at", "1", "--duration", "10000000", "--tick-ms", "1000"]
+
+
+def exec_argv(container: str, call: ToolCall, hints: bool, binary: str = "memload") -> list[str]:
+    """`docker exec` of one tool call, exactly as an agent framework would issue it."""
+    env = ["-e", f"AGENT_RESOURCE_HINT={hint_for(call)}"] if hints else []
+    return ["docker", "exec", *env, container, *memload_argv(call, binary)]

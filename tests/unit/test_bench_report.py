@@ -1,0 +1,137 @@
+"""Replay benchmark report: Markdown table and PNG plots from a small synthetic results.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from execgate.bench import report
+from execgate.bench.metrics import AttemptRecord, summarize
+
+MiB = 1 << 20
+
+
+def _run(scheme: str, point: int, budget: int, *, family: str | None = None, k: int | None = None,
+         ooms: int = 0, stretch: float = 1.0, n_tasks: int = 3) -> dict[str, Any]:
+    """A run whose tasks take 10 s each (times `stretch`), with `ooms` failed first attempts."""
+    attempts = []
+    for i in range(n_tasks):
+        t0 = 2.0 * i
+        if i < ooms:
+            attempts.append({"task_id": f"t{i}", "attempt": 1, "start": t0, "end": t0 + 3,
+                             "ok": False, "oom_kills": 1, "reason": "oom"})
+            t0 += 3
+        n = 2 if i < ooms else 1
+        attempts.append({"task_id": f"t{i}", "attempt": n, "start": t0,
+                         "end": t0 + 10 * stretch, "ok": True, "oom_kills": 0, "reason": ""})
+    recs = [AttemptRecord(a["task_id"], a["attempt"], a["start"], a["end"], a["ok"],
+                          a["oom_kills"]) for a in attempts]
+    rows = [[t / 2, int(budget * (0.3 + 0.6 * abs(math.sin(t / 5)))), min(3, 1 + t // 4), 1, 0]
+            for t in range(0, 60)]
+    metrics = summarize(recs, [(r[0], float(r[1])) for r in rows], budget, speed=20.0)
+    metrics.update(latency_arrival_p50_s=metrics["latency_p50_s"] + 1,
+                   latency_arrival_p95_s=metrics["latency_p95_s"] + 2,
+                   call_delay_p50_s=0.8, kernel_oom_kills=ooms)
+    return {"scheme": scheme, "family": family or scheme, "k": k, "point": point,
+            "scheme_def": {"name": scheme}, "metrics": metrics,
+            "tasks": [{"id": f"t{i}", "ok": True, "attempts": 1 + (i < ooms)}
+                      for i in range(n_tasks)],
+            "attempts": attempts, "calls": [],
+            "samples": {"columns": ["t", "memory_bytes", "running_tasks", "inflight_calls",
+                                    "queued_tasks"], "rows": rows},
+            "notes": ["a note"] if ooms else []}
+
+
+@pytest.fixture
+def results() -> dict[str, Any]:
+    runs = []
+    for point, budget in ((0, 768 * MiB), (1, 384 * MiB)):
+        runs += [
+            _run("eager", point, budget, ooms=1 + point),
+            _run("static-1", point, budget, family="static", k=1, stretch=3.0),
+            _run("static-2", point, budget, family="static", k=2, stretch=1.5),
+            _run("static-3", point, budget, family="static", k=3, ooms=3),  # loses on failures
+            _run("execgate", point, budget, stretch=1.2),
+        ]
+    # static-3 left a task failed for good at the first load.
+    runs[3]["metrics"]["tasks_failed"] = 1
+    runs[3]["metrics"]["tasks_completed"] = 2
+    return {
+        "format": "execgate-bench-results/1", "command": "bench/replay.py sweep ...",
+        "host": {"kernel": "6.x", "cpus": 2},
+        "params": {"seed": 1, "trace": None, "arrival": "poisson", "mean_gap_trace_s": 30.0,
+                   "retry_limit": 5, "workload": {"speed": 20.0, "mem_scale": 8.0,
+                                                  "cpu_scale": 0.25, "fold_bytes": 16 * MiB,
+                                                  "max_calls": None}},
+        "points": [{"label": "3 tasks, 768 MiB", "n_tasks": 3, "budget_bytes": 768 * MiB,
+                    "oversubscription": 2.1},
+                   {"label": "3 tasks, 384 MiB", "n_tasks": 3, "budget_bytes": 384 * MiB,
+                    "oversubscription": 4.2}],
+        "runs": runs,
+    }
+
+
+def test_best_static_is_the_fastest_that_completes_everything(results: dict[str, Any]) -> None:
+    best = report.best_static([r for r in results["runs"] if r["point"] == 0])
+    assert best is not None and best["k"] == 2
+    assert report.best_static([results["runs"][0]]) is None
+
+
+def test_markdown_table_has_one_row_per_scheme(results: dict[str, Any]) -> None:
+    md = report.markdown(results)
+    assert md.count("## ") == 2
+    assert "oversubscription 2.10x" in md and "oversubscription 4.20x" in md
+    section = md.split("## ")[1]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
+    assert [r.split("|")[1].strip() for r in rows] == ["eager", "static (K=2)", "execgate"]
+    eager = rows[0].split("|")
+    assert eager[2].strip() == "3/3" and eager[5].strip() == "1"  # done, OOM kills
+    assert "1/4 (25 %)" in eager[6]  # failed attempts and rate
+    assert "Static-K sweep: K=1" in section and "K=3: 2/3 done" in section
+    assert "- eager: a note" in section
+
+
+def test_markdown_survives_missing_values(results: dict[str, Any]) -> None:
+    results["runs"] = results["runs"][:1]
+    results["runs"][0]["metrics"]["latency_arrival_p50_s"] = math.nan
+    results["aborted"] = True
+    md = report.markdown(results)
+    assert "| eager |" in md and "–" in md and "interrupted" in md
+
+
+def _png_is_drawn(path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 20_000
+    img = mpimg.imread(path)
+    assert img.shape[0] > 300 and img.shape[1] > 600
+    assert img[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_plots_are_written(results: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(results))
+    assert report.main([str(src)]) == 0
+    for name in ("timeline-1.png", "timeline-2.png", "summary.png"):
+        _png_is_drawn(tmp_path / name)
+    assert (tmp_path / "report.md").read_text().startswith("# execgate trace-replay benchmark")
+
+
+def test_single_load_summary_uses_bars(results: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    results["points"] = results["points"][:1]
+    results["runs"] = [r for r in results["runs"] if r["point"] == 0]
+    files = report.render(results, tmp_path)
+    assert [f.name for f in files] == ["report.md", "timeline-1.png", "summary.png"]
+    _png_is_drawn(tmp_path / "summary.png")
+
+
+def test_rejects_other_files(tmp_path: Path) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    assert report.main([str(bad)]) == 2

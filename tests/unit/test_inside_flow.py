@@ -1,0 +1,189 @@
+"""InsideAgents end to end on the host without cgroup v2: a fake event source, a real Engine on
+a fake domain, cgroup moves recorded instead of done. Catches wiring mistakes before the VM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from execgate.common import records
+from execgate.common.config import Config
+from execgate.daemon import inside, proc_events, settings
+from execgate.daemon.engine import Engine
+from execgate.daemon.proc_events import ProcEvent
+
+MiB = 1 << 20
+
+
+class FakeConnector:
+    instances: ClassVar[list[FakeConnector]] = []
+
+    def __init__(self, rcvbuf_bytes: int = 0) -> None:
+        self.r, self.w = os.pipe()
+        self.queue: list[ProcEvent] = []
+        self.filtered = True
+        self.overruns = 0
+        FakeConnector.instances.append(self)
+
+    def subscribe(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self.r
+
+    def push(self, *events: ProcEvent) -> None:
+        self.queue.extend(events)
+        os.write(self.w, b"x")
+
+    def read(self) -> list[ProcEvent]:
+        os.read(self.r, 4096)
+        out, self.queue = self.queue, []
+        return out
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued"
+           ) -> tuple[inside.InsideAgents, Path, list[tuple[int, str]]]:
+    dom = tmp / "domain"
+    dom.mkdir()
+    (dom / "memory.max").write_text(f"{1024 * MiB}\n")
+    (dom / "memory.current").write_text(f"{64 * MiB}\n")
+    cg = tmp / "box"
+    (cg / "init").mkdir(parents=True)
+    state = tmp / "state"
+    (state / "containers").mkdir(parents=True)
+    (state / "containers" / "box.json").write_text(json.dumps({
+        "id": "box", "managed": True, "prepared": True, "cgroup": str(cg),
+        "init_pid": os.getpid(),
+        "annotations": {"execgate.agent": "inside"}}))
+    cfg = Config(state_dir=str(state), journal=str(tmp / "calls.jsonl"),
+                 tables={"daemon": {"domain": str(dom), "store": str(tmp / "h.sqlite"),
+                                    "gate": "off"},
+                         "inside": {"freeze": freeze}})
+    s, errors = settings.load(cfg)
+    assert errors == []
+    moves: list[tuple[int, str]] = []
+
+    def move(pid: int, path: str) -> None:
+        moves.append((pid, path))
+        Path(path, "cgroup.events").write_text("populated 1\n")
+
+    monkeypatch.setattr(inside.proc_events, "ProcConnector", FakeConnector)
+    monkeypatch.setattr(inside.v2, "move", move)
+    return inside.InsideAgents(cfg, s, Engine(cfg, s)), cg, moves
+
+
+def _events(agent: int, child: int) -> list[ProcEvent]:
+    now = 0
+    return [ProcEvent(proc_events.PROC_EVENT_FORK, 0, now, child, child, agent, agent),
+            ProcEvent(proc_events.PROC_EVENT_EXEC, 0, now, child, child)]
+
+
+def test_a_child_is_placed_admitted_and_journaled(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, moves = _setup(tmp_path, monkeypatch)
+
+    async def scenario() -> dict[str, Any]:
+        agents.start()
+        try:
+            assert "box" in agents.boxes and agents.boxes["box"].agents == {os.getpid()}
+            assert len(agents.boxes["box"].spares) == 1
+            env = dict(os.environ, AGENT_RESOURCE_HINT="memory:300m")
+            child = subprocess.Popen(["sleep", "0.5"], env=env, stderr=subprocess.PIPE)
+            # Popen returns at close-on-exec, before the new image's environment is set up
+            # (the kernel's exec event comes after that).
+            while b"AGENT_RESOURCE_HINT" not in Path(f"/proc/{child.pid}/environ").read_bytes():
+                await asyncio.sleep(0.001)
+            conn = FakeConnector.instances[-1]
+            conn.push(*_events(os.getpid(), child.pid))
+            await asyncio.sleep(0.1)
+            assert [p for p, _ in moves] == [child.pid]
+            [call] = agents.calls.values()
+            assert call.call["hint"]["memory_bytes"] == 300 * MiB
+            assert call.call["managed"] and "start" in call.call
+            assert call.call["argv"] == ["sleep", "0.5"]
+            assert call.stderr is not None  # a handle on the child's stderr pipe
+            child.wait()
+            conn.push(ProcEvent(proc_events.PROC_EVENT_EXIT, 0, 0, child.pid, child.pid,
+                                exit_code=0))
+            await asyncio.sleep(0.05)
+            agents._ended(call.name)
+            assert child.stderr is not None and child.stderr.read() == b""  # EOF, no feedback
+            for _ in range(50):
+                await asyncio.sleep(0.05)
+                if (tmp_path / "calls.jsonl").exists():
+                    break
+            assert len(agents.boxes["box"].spares) == 1  # replenished
+            return json.loads((tmp_path / "calls.jsonl").read_text())
+        finally:
+            agents.stop()
+
+    entry = asyncio.run(scenario())
+    assert entry["container"] == "box" and entry["exit_code"] == 0 and entry["managed"]
+    assert entry["inside"]["pid"] and entry["inside"]["agent_pid"] == os.getpid()
+    assert entry["hint"]["memory_bytes"] == 300 * MiB
+
+
+def test_unrelated_and_grandchildren_are_untouched(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, moves = _setup(tmp_path, monkeypatch, freeze="always")
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            conn = FakeConnector.instances[-1]
+            conn.push(*_events(1, 4242))  # someone else's child
+            conn.push(*_events(os.getpid() + 999999, 4243))
+            await asyncio.sleep(0.05)
+            assert moves == [] and agents.calls == {}
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
+def test_no_opt_in_no_listening(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, cg, _moves = _setup(tmp_path, monkeypatch)
+    rec = tmp_path / "state" / "containers" / "box.json"
+    data = json.loads(rec.read_text())
+    data["annotations"] = {}
+    rec.write_text(json.dumps(data))
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            assert agents.boxes == {} and agents.conn is None
+            assert [p.name for p in cg.iterdir()] == ["init"]  # no spare cgroups either
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
+def test_not_before_start_prepared_the_layout(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, _moves = _setup(tmp_path, monkeypatch)
+    rec = tmp_path / "state" / "containers" / "box.json"
+    data = json.loads(rec.read_text())
+    rec.write_text(json.dumps({**data, "prepared": False}))
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            assert agents.boxes == {}
+            records.save_container(str(tmp_path / "state"), data)  # `start` made the layout
+            await asyncio.sleep(0.1)  # inotify tells at once
+            await asyncio.sleep(0.1)
+            assert "box" in agents.boxes
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
