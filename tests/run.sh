@@ -48,7 +48,9 @@ if [[ $unit_only == 0 ]]; then
     [[ $vm_rc == 124 ]] && echo "[tests] the VM timed out: counted as a failure"
 fi
 
-python3 - "$unit_rc" "$vm_rc" results/unit-junit.xml results/vm-test/e2e-junit.xml <<'PY'
+junits=(results/unit-junit.xml)
+[[ $unit_only == 0 ]] && junits+=(results/vm-test/e2e-junit.xml)
+python3 - "$unit_rc" "$vm_rc" "${junits[@]}" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 
