@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-SRC = Path(os.environ.get("EXECGATE_SRC") or Path(__file__).resolve().parents[2])
+SRC = Path(os.environ.get("EXECGATE_SRC") or next(
+    p for p in Path(__file__).resolve().parents if (p / "bench" / "replay.py").exists()))
 RESULTS = Path(os.environ.get("EXECGATE_RESULTS") or "/tmp")
 CONFIG = "/etc/execgate/config.toml"
 MiB = 1 << 20
@@ -72,15 +73,13 @@ def replay(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
          "--tasks", str(N_TASKS), "--schemes", "eager,execgate", "--speed", "1",
          "--mem-scale", "1", "--cpu-scale", "0", "--arrival", "burst", "--budget", BUDGET,
          "--admission-wait", "120", "--out", str(out)],
-        capture_output=True, text=True, timeout=900)
-    print(proc.stdout[-6000:])
-    print(proc.stderr[-3000:], file=sys.stderr)
+        timeout=900)  # progress goes to the test's output (pytest shows it on failure)
     return {"proc": proc, "out": out, "config_before": config_before,
             "daemon_before": daemon_before}
 
 
 def test_replay_completes_and_restores_the_host(replay: dict[str, Any]) -> None:
-    assert replay["proc"].returncode == 0, replay["proc"].stderr[-3000:]
+    assert replay["proc"].returncode == 0
     assert Path(CONFIG).read_bytes() == replay["config_before"]
     assert _daemon_active() == replay["daemon_before"]
     left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=execgate.bench"],
