@@ -769,7 +769,8 @@ def build_points(args: argparse.Namespace) -> list[Point]:
 def _plan(points: Sequence[Point], schemes: Sequence[Scheme], w: Workload) -> None:
     print(f"schemes: {', '.join(s.name for s in schemes)}")
     print(f"workload: speed {w.speed:g}x, memory /{w.mem_scale:g}, cpu x{w.cpu_scale:g}, "
-          f"fold < {w.fold_bytes / MiB:g} MiB, max calls {w.max_calls or 'all'}")
+          f"fold < {w.fold_bytes / MiB:g} MiB, max calls {w.max_calls or 'all'}, "
+          f"idle x{w.idle_scale:g}")
     for p in points:
         wall = [a / w.speed for a in p.arrivals_trace]
         est = eager_peak_estimate(p.tasks, wall)
@@ -914,7 +915,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--sample-ms", type=float, default=150.0)
         s.add_argument("--quiet", action="store_true", help="one line per scheme only")
         if p.prog.split()[-1] != "plan":
-            s.add_argument("--out", required=True, help="results directory")
+            s.add_argument("--out", help="results directory (required unless --dry-run)")
+            s.add_argument("--dry-run", action="store_true",
+                           help="print what would be replayed and exit (no Docker)")
 
     common(sub.add_parser("run", help="one load, every scheme"))
     sw = sub.add_parser("sweep", help="several loads (task counts x budgets, or oversubscription)")
@@ -933,11 +936,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    dry = args.command == "plan" or args.dry_run
+    if not dry and not args.out:
+        ap.error("--out is required")
     args.seed = int(args.seed) if args.seed.lstrip("-").isdigit() else args.seed
     try:
         points = build_points(args)
-        if args.command == "plan":
+        if dry:
             n = max(len(p.tasks) for p in points)
             _plan(points, parse_schemes(args.schemes, _ints(args.static_k), n), _workload(args))
             return 0

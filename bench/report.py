@@ -121,6 +121,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{w.get('speed')}x faster, memory /{w.get('mem_scale')}, CPU x{w.get('cpu_scale')}"
         + (f", calls under {w['fold_bytes'] / MiB:g} MiB folded" if w.get("fold_bytes") else "")
         + (f", {w['max_calls']} heaviest calls per task" if w.get("max_calls") else "")
+        + (f", idle time x{w['idle_scale']:g}" if w.get("idle_scale", 1) != 1 else "")
         + f"; up to {p.get('retry_limit')} retries per task. Host: {results.get('host', {})}.")
     out += ["", "Latency is from a task's arrival to its completion (queueing and retries "
             "included), wall seconds; makespan in wall seconds (trace seconds in brackets). "

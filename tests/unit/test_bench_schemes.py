@@ -121,6 +121,18 @@ def test_fold_keeps_time_and_heaviest_calls() -> None:
     assert S.fold_calls(t, max_calls=0).tool_calls == []
 
 
+def test_idle_scale_shrinks_only_the_waits() -> None:
+    t = _task("t", 100, 50, gap=10.0)
+    s = S.scale_idle(t, 0.1)
+    assert [c.duration_s for c in s.tool_calls] == [c.duration_s for c in t.tool_calls]
+    assert s.llm_wait_s == pytest.approx(t.llm_wait_s * 0.1)
+    assert s.metadata["idle_scale"] == pytest.approx(0.1)
+    w = S.prepare([t], S.Workload(speed=2, mem_scale=1, cpu_scale=1, idle_scale=0.5))[0]
+    assert w.duration_s == pytest.approx((t.llm_wait_s * 0.5 + 2.0) / 2)
+    with pytest.raises(ValueError):
+        S.scale_idle(t, -1)
+
+
 def test_hint_is_the_profiled_peak_and_parses() -> None:
     call = _call(250)
     assert S.hint_for(call) == "memory:265m"
