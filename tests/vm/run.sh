@@ -14,6 +14,13 @@ results=${2:-$repo/results/vm-$mode}
 timeout_s=${EXECGATE_VM_TIMEOUT:-2400}
 wheels_cache=${EXECGATE_WHEELS_CACHE:-/var/cache/execgate-vm/wheels}
 
+# One VM at a time on this host (TCG is CPU-bound): later runs queue here.
+exec 9>"${EXECGATE_VM_LOCK:-/tmp/execgate-vm.lock}"
+if ! flock -n 9; then
+    echo "[vm] another VM run holds ${EXECGATE_VM_LOCK:-/tmp/execgate-vm.lock}; waiting" >&2
+    flock 9
+fi
+
 payload=$(mktemp -d "${TMPDIR:-/tmp}/execgate-payload.XXXXXX")
 trap 'rm -rf "$payload"' EXIT
 
