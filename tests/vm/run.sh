@@ -2,7 +2,8 @@
 # Host side of the test bed: packs this checkout and the wheels it needs into a payload, boots
 # the VM on it (tests/vm/boot.sh) and prints what came back.
 #   tests/vm/run.sh [test|bench|cmd] [RESULTS_DIR]
-#     test   the end-to-end suite (pytest inside the VM); EXECGATE_E2E_ARGS adds pytest args
+#     test   the end-to-end suite (pytest inside the VM); EXECGATE_E2E_ARGS adds pytest args;
+#            test paths there (src/tests/e2e/...) run instead of the whole suite
 #     bench  the exec-latency benchmark
 #     cmd    the shell command in $EXECGATE_VM_CMD
 set -euo pipefail
