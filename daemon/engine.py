@@ -153,7 +153,8 @@ class Engine:
         self.sample = self.domain.sample()
         self._step()
         if self.reading is not None:
-            self.growth.update(self.calls, self.reading.state, self.sample.available)
+            self.growth.update(self.calls, self.reading.state, self.sample.available,
+                               self.sample.budget)
 
     def _assess(self) -> PressureReading:
         """Q(t) from the last domain sample and the growth still expected of admitted calls

@@ -26,6 +26,18 @@ RELOAD_AFTER_S = 30.0
 HEALTH_EVERY_S = 1.0
 
 
+MiB = 1 << 20
+
+
+def _mib_s(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / MiB:+.1f} MiB/s"
+
+
+def _frozen(cg: str) -> bool:
+    """The kernel's view (cgroup.events), not our intent: did freezing actually happen?"""
+    return v2.read_keyed(cg, "cgroup.events").get("frozen") == 1
+
+
 class Actuator(Protocol):
     kind: str
 
@@ -127,8 +139,10 @@ class GrowthGate:
 
     # -- the period ----------------------------------------------------------------------------
 
-    def update(self, calls: dict[str, Any], pressure: Pressure, mem_available: int) -> None:
-        """calls: call id -> LiveCall (cgroup, last_mem, info, admitted_at) of running calls."""
+    def update(self, calls: dict[str, Any], pressure: Pressure, mem_available: int,
+               budget: int | None = None) -> None:
+        """calls: call id -> LiveCall (cgroup, last_mem, info, admitted_at) of running calls;
+        mem_available and budget: the domain's (see GrowthController.update)."""
         self._health(self.clock())
         samples = []
         for cid, call in calls.items():
@@ -145,22 +159,53 @@ class GrowthGate:
                     continue
             samples.append(Sample(cid, call.last_mem + swap, cpu, call.info.declared_bytes,
                                   call.admitted_at))
-        decision = self.controller.update(samples, pressure, mem_available)
+        decision = self.controller.update(samples, pressure, mem_available, budget)
         self.last = decision
         if self.actuator is not None:
             for cid, allow in decision.allow.items():
                 t = self.tracked.get(cid)
                 if t is not None and t.allowed != allow:
                     try:
-                        self.actuator.set(t.cgroup, allow)
+                        done = self.actuator.set(t.cgroup, allow)
                         t.allowed = allow
                     except Exception as e:  # noqa: BLE001 - a vanished cgroup, a full map
                         log.warning("gate %s %s: %s", "allow" if allow else "deny", cid, e)
+                        continue
+                    c = decision.calls[cid]
+                    log.info("gate %s %s (%s%s): %s, %s, g %s, d %.0f MiB, H %.0f MiB, "
+                             "held %.1f s", "allow" if allow else "deny", cid,
+                             self.actuator.kind, "" if done else ", no-op", c.reason, pressure,
+                             _mib_s(c.growth_bps), c.demand_bytes / MiB,
+                             decision.headroom_bytes / MiB, c.held_s)
+        if log.isEnabledFor(logging.DEBUG) and decision.calls:
+            log.debug("gate step: %s", self._describe(decision, mem_available))
         for cid in decision.vanished:
             self._forget(cid)
         victim = self.controller.last_resort_victim(samples, mem_available)
         if victim is not None and victim.call_id not in self.killed:
             self._kill(victim)
+
+    def _describe(self, decision: Any, mem_available: int) -> str:
+        """One period in one line (debug log): pressure, b, H, then per call the verdict,
+        state, ĝ, d, footprint and hold, and what the actuator holds right now."""
+        parts = [f"{decision.pressure} avail {mem_available / MiB:.0f} MiB "
+                 f"H {decision.headroom_bytes / MiB:.0f} MiB b {decision.budget} "
+                 f"slots {decision.slot_limit}"]
+        for cid, c in sorted(decision.calls.items()):
+            t = self.tracked.get(cid)
+            mem = v2.read_int(t.cgroup, "memory.current") if t else None
+            parts.append(f"{cid} {'allow' if c.allow else 'DENY'}/{c.reason}/{c.state} "
+                         f"g {_mib_s(c.growth_bps)} d {c.demand_bytes / MiB:.0f} "
+                         f"m {(mem or 0) / MiB:.0f} held {c.held_s:.1f}"
+                         f"{' frozen' if t and _frozen(t.cgroup) else ''}")
+        if self.actuator is not None and self.actuator.kind == "sched_ext":
+            try:
+                st = self.actuator.stats()  # type: ignore[attr-defined]
+                parts.append(f"scx held {st.held} parked {st.parked} released {st.released} "
+                             f"capped {st.capped}")
+            except Exception as e:  # noqa: BLE001 - debug output only
+                parts.append(f"scx stats: {e}")
+        return "; ".join(parts)
 
     def _kill(self, victim: Victim) -> None:
         t = self.tracked.get(victim.call_id)

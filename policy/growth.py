@@ -9,8 +9,9 @@ Pure and I/O-free on purpose: the clock and the samples are injected, so the who
 replayable from a recorded trace and testable without cgroups, BPF or sleeps.
 
 Per call c the controller keeps an EWMA ĝ_c of the footprint's growth rate (bytes/s) over *valid*
-intervals only, derives a state and a projected demand d_c = max(ĝ_c, 0) · horizon, and then,
-from one snapshot of all calls, the host's headroom H and the pressure state Q:
+intervals only, derives a state and a projected demand d_c = max(ĝ_c, 0) · (horizon + hold, the
+time it has been held), and then, from one snapshot of all calls, the headroom H and the
+pressure state Q:
 
 * GREEN: every live call runs.
 * YELLOW: zero-demand calls (Resident, Cooling) run; at most ``b`` growing calls run, and their
@@ -18,10 +19,12 @@ from one snapshot of all calls, the host's headroom H and the pressure state Q:
   observed pressure increase.
 * RED: zero-demand calls run; at most one growing call runs as a headroom-checked probe.
 
-Growing calls compete for the slots every period (first-fit, in priority order). A call denied
-less than D_min ago stays denied; one denied for D_max or more is overdue and checked first; one
-just re-admitted keeps first place for a grace period, so that neither side of a flip can be
-undone at once. In green everything runs, D_min included: there is nothing to protect.
+Growing calls get the slots every period first-fit, in priority order: running calls first,
+oldest first (a paused call keeps its memory, so swapping growers only adds footprint; the
+newest, least-progressed calls wait), then waiting ones, overdue (denied ≥ D_max) first. A call
+denied less than D_min ago stays denied. A held call's demand includes its backlog (rate times
+hold): clock-paced work catches up in a burst when released. In green everything runs, D_min
+included: there is nothing to protect.
 
 States and transitions (the base state is a pure function of ĝ; only the pause is sticky):
 
@@ -71,8 +74,11 @@ class GrowthConfig:
     horizon_s: float = 1.0
     # Demand assumed before the first valid sample (a new call is presumed to grow).
     boot_demand_bytes: int = 16 * MiB
-    # Kept free for the kernel and everything else: H = max(MemAvailable - reserve, 0).
+    # Kept free for the kernel and everything else: H = max(MemAvailable - reserve, 0). In a
+    # domain that reports its budget, the reserve is at most this fraction of it: 256 MiB is
+    # host-sized and would leave a 512 MiB cgroup domain half its memory as slack.
     headroom_reserve_bytes: int = 256 * MiB
+    headroom_reserve_fraction: float = 0.125
     # AIMD on the yellow slot budget b.
     budget_initial: int = 1
     budget_max: int = 4
@@ -81,13 +87,10 @@ class GrowthConfig:
     min_deny_s: float = 1.0
     # D_max: a call denied at least this long is overdue and is checked first.
     overdue_after_s: float = 3.0
-    # The other half of anti-flapping: a call re-admitted after a denial is checked ahead of
-    # the overdue ones for this long, so several overdue calls don't preempt each other every
-    # period (each flip voids a sample, so ĝ would never update). Slots and H still apply.
-    readmit_grace_s: float = 1.0
     # Hold cap: a call continuously denied this long is forced to run for a period.
     max_hold_s: float = 20.0
-    # Last resort (ToolSched §3.4): red for this long with headroom below critical -> kill one.
+    # Last resort (ToolSched §3.4): red for this long with the domain's available memory (no
+    # reserve taken off) below critical and still falling -> kill one.
     last_resort_after_s: float = 2.0
     critical_headroom_bytes: int = 64 * MiB
     # Run time floor in (U - D) / T, so a call that just started doesn't get an infinite score.
@@ -104,14 +107,14 @@ class GrowthConfig:
             raise ValueError("horizon_s, period_s and min_run_time_s must be > 0")
         if self.boot_demand_bytes < 0 or self.headroom_reserve_bytes < 0:
             raise ValueError("boot_demand_bytes and headroom_reserve_bytes must be >= 0")
+        if not 0.0 <= self.headroom_reserve_fraction <= 1.0:
+            raise ValueError("headroom_reserve_fraction must be in [0, 1]")
         if not 1 <= self.budget_initial <= self.budget_max:
             raise ValueError("need 1 <= budget_initial <= budget_max")
         if self.budget_increase_after_s <= 0:
             raise ValueError("budget_increase_after_s must be > 0")
         if not 0 <= self.min_deny_s <= self.overdue_after_s <= self.max_hold_s:
             raise ValueError("need 0 <= min_deny_s <= overdue_after_s <= max_hold_s")
-        if self.readmit_grace_s < 0:
-            raise ValueError("readmit_grace_s must be >= 0")
         if not 0 < self.max_hold_s < SCX_WATCHDOG_MAX_S:
             raise ValueError(f"max_hold_s must be in (0, {SCX_WATCHDOG_MAX_S}) s")
         if self.last_resort_after_s < 0 or self.critical_headroom_bytes < 0:
@@ -250,7 +253,6 @@ class _Call:
     allowed: bool = True
     perm_changed: bool = False  # the last decision flipped the permission
     deny_since: float | None = None
-    readmitted_at: float | None = None  # last deny -> allow flip
     decided_at: float | None = None
     held_s: float = 0.0
     episodes: int = 0
@@ -260,9 +262,13 @@ class _Call:
     demand: int = 0
 
 
-def headroom(mem_available: int, config: GrowthConfig) -> int:
-    """H = max(MemAvailable - reserve, 0)."""
-    return max(mem_available - config.headroom_reserve_bytes, 0)
+def headroom(mem_available: int, config: GrowthConfig, budget: int | None = None) -> int:
+    """H = max(MemAvailable - reserve, 0); with the domain's budget known, the reserve is at most
+    headroom_reserve_fraction of it."""
+    reserve = config.headroom_reserve_bytes
+    if budget is not None:
+        reserve = min(reserve, int(budget * config.headroom_reserve_fraction))
+    return max(mem_available - reserve, 0)
 
 
 def pick_last_resort_victim(
@@ -275,7 +281,8 @@ def pick_last_resort_victim(
 ) -> Victim | None:
     """ToolSched §3.4: the tool call to kill when the host is about to OOM, or None.
 
-    Only when red has persisted ``last_resort_after_s`` and H is below the critical level. The
+    Only when red has persisted ``last_resort_after_s`` and ``headroom_bytes`` (what is left to
+    allocate) is below the critical level. The
     victim has the largest (U - D) / T: usage above its declared demand per second of run time,
     i.e. the call that overran its declaration fastest. Callers pass tool calls only (never the
     container's init or the agent). Calls within their declaration (U - D <= 0) never qualify.
@@ -312,6 +319,8 @@ class GrowthController:
         self._green_since: float | None = None
         self._red_since: float | None = None
         self._last_update: float | None = None
+        self._available: tuple[int | None, int | None] = (None, None)  # previous, latest
+        self._domain_budget: int | None = None
 
     @property
     def budget(self) -> int:
@@ -320,10 +329,20 @@ class GrowthController:
     # -- the period -------------------------------------------------------------------------
 
     def update(
-        self, samples: Iterable[Sample], pressure: Pressure, mem_available: int
+        self,
+        samples: Iterable[Sample],
+        pressure: Pressure,
+        mem_available: int,
+        budget: int | None = None,
     ) -> GateDecision:
-        """Decide allow/deny for every sampled call; calls missing from ``samples`` are gone."""
+        """Decide allow/deny for every sampled call; calls missing from ``samples`` are gone.
+
+        ``mem_available`` is what the domain can still allocate, ``budget`` its size (when known:
+        it bounds the reserve, see GrowthConfig.headroom_reserve_fraction).
+        """
         now = self._clock()
+        self._available = (self._available[1], mem_available)
+        self._domain_budget = budget
         cfg = self.config
         batch: dict[str, Sample] = {}
         for s in samples:
@@ -345,9 +364,9 @@ class GrowthController:
             else:
                 self._observe_sample(c, s, now)
             denied_for[cid] = self._accrue_hold(c, now)
-            c.state, c.demand = self._classify(c.growth)
+            c.state, c.demand = self._classify(c.growth, denied_for[cid])
 
-        H = headroom(mem_available, cfg)
+        H = headroom(mem_available, cfg, budget)
         if pressure == Pressure.GREEN:
             slot_limit = None
             verdicts = {cid: (True, Reason.GREEN) for cid in batch}
@@ -451,14 +470,17 @@ class GrowthController:
         c.longest_hold_s = max(c.longest_hold_s, episode)
         return episode
 
-    def _classify(self, growth: float | None) -> tuple[CallState, int]:
+    def _classify(self, growth: float | None, held_for: float = 0.0) -> tuple[CallState, int]:
+        """State and projected demand. A call held for ``held_for`` seconds projects over the
+        horizon *plus* its hold: work paced by the clock (timers, input that kept arriving)
+        catches up in one burst when released, so re-admitting it needs room for the backlog."""
         cfg = self.config
         if growth is None:
             rate = cfg.boot_demand_bytes / cfg.horizon_s
-            demand = cfg.boot_demand_bytes
+            demand = math.ceil(cfg.boot_demand_bytes * (1.0 + held_for / cfg.horizon_s))
         else:
             rate = growth
-            demand = math.ceil(max(growth, 0.0) * cfg.horizon_s)
+            demand = math.ceil(max(growth, 0.0) * (cfg.horizon_s + held_for))
         if rate > cfg.growth_threshold_bps:
             return CallState.GROWING, demand
         if rate < -cfg.growth_threshold_bps:
@@ -478,39 +500,39 @@ class GrowthController:
 
         Zero-demand calls are unconditional, so their (small, ≤ threshold · horizon) demand is
         reserved from H before any growing call is checked; growing calls then get the slots
-        and the rest of H first-fit in order: calls re-admitted less than readmit_grace_s ago,
-        then overdue ones, then the rest; within a group Resident, Cooling, Growing, then
-        smaller demand, then id. A running call has no other claim on its slot: the smallest
-        demand wins, and waiting calls get their turn by becoming overdue.
+        and the rest of H first-fit in order: running calls (oldest first), then overdue
+        waiting ones, then the other waiting ones (Resident, Cooling, Growing, then smaller
+        demand, older, id). A running grower keeps its slot while it fits: memory a paused call
+        holds is not given back, so swapping one grower for another only adds the newcomer's
+        footprint to the paused one's; the newest/least-progressed calls wait, and the hold
+        cap bounds how long.
         """
         cfg = self.config
         verdicts: dict[str, tuple[bool, Reason]] = {}
         remaining = H
         slots = 0
-        eligible: list[tuple[tuple[int, int, int, str], _Call]] = []
+        eligible: list[tuple[tuple[int, int, int, float, str], _Call]] = []
         overdue: set[str] = set()
         for cid in sorted(batch):
             c = self._calls[cid]
             growing = c.state == CallState.GROWING
-            if not c.allowed:
-                held = denied_for[cid]
-                if held >= cfg.max_hold_s:
-                    verdicts[cid] = (True, Reason.HOLD_CAP)
-                    remaining -= c.demand
-                    if growing:
-                        slots += 1
-                    continue
-                if held < cfg.min_deny_s:
-                    verdicts[cid] = (False, Reason.MIN_DENY)
-                    continue
-                if held >= cfg.overdue_after_s:
-                    overdue.add(cid)
-                group = 1 if cid in overdue else 2
-            elif c.readmitted_at is not None and now - c.readmitted_at < cfg.readmit_grace_s:
-                group = 0
-            else:
-                group = 2
-            eligible.append(((group, _STATE_RANK[c.state], c.demand, cid), c))
+            if c.allowed:
+                eligible.append(((0, _STATE_RANK[c.state], 0, c.started_at, cid), c))
+                continue
+            held = denied_for[cid]
+            if held >= cfg.max_hold_s:
+                verdicts[cid] = (True, Reason.HOLD_CAP)
+                remaining -= c.demand
+                if growing:
+                    slots += 1
+                continue
+            if held < cfg.min_deny_s:
+                verdicts[cid] = (False, Reason.MIN_DENY)
+                continue
+            if held >= cfg.overdue_after_s:
+                overdue.add(cid)
+            group = 1 if cid in overdue else 2
+            eligible.append(((group, _STATE_RANK[c.state], c.demand, c.started_at, cid), c))
         eligible.sort(key=lambda kc: kc[0])
 
         for _, c in eligible:
@@ -539,7 +561,6 @@ class GrowthController:
             c.episodes += 1
         elif ok and not c.allowed:
             c.deny_since = None
-            c.readmitted_at = now
         if reason == Reason.HOLD_CAP:
             c.forced_allows += 1
         c.allowed = ok
@@ -586,14 +607,22 @@ class GrowthController:
         )
 
     def last_resort_victim(self, samples: Iterable[Sample], mem_available: int) -> Victim | None:
-        """pick_last_resort_victim() with the red streak this controller has observed."""
+        """pick_last_resort_victim() with the red streak this controller has observed, only
+        when nothing else helps: what the domain can still allocate (before any reserve: the
+        reserve is the gate's slack, not the kernel's) is critical *and* still shrank over the
+        last period although the gate holds growth. A domain that is full but stable is the
+        gate working, not an OOM about to happen.
+        """
         now = self._clock()
         red_for = 0.0 if self._red_since is None else now - self._red_since
+        prev, _ = self._available
+        if prev is not None and mem_available >= prev:
+            return None
         return pick_last_resort_victim(
             samples,
             now=now,
             red_for_s=red_for,
-            headroom_bytes=headroom(mem_available, self.config),
+            headroom_bytes=mem_available,
             config=self.config,
         )
 

@@ -73,11 +73,11 @@ def test_last_resort_kills_the_worst_offender(tmp_path: Path) -> None:
                             clock.t, last_mem=450 * MiB),
              "tool-b": Call(CallInfo("tool-b", "s", ["y"], declared_bytes=100 * MiB), str(b),
                             clock.t, last_mem=450 * MiB)}
-    for i in range(1, 40):  # red, 40 MiB available: below the 64 MiB critical headroom
+    for i in range(1, 40):  # red, under 64 MiB available and still falling: about to OOM
         clock.t += 0.1
         for d in (a, b):
             (d / "cpu.stat").write_text(f"usage_usec {i * 1000}\n")
-        gg.update(calls, Pressure.RED, 256 * MiB + 40 * MiB)
+        gg.update(calls, Pressure.RED, (60 - i) * MiB, 512 * MiB)
     assert (b / "cgroup.kill").read_text() == "1", "b is furthest above what it declared"
     assert (a / "cgroup.kill").read_text() == ""
     assert gg.outcome("tool-b")["killed_by_execgate"] is True

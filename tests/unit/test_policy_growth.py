@@ -69,8 +69,10 @@ class Sim:
         self.procs: dict[str, Proc] = {}
         self.last: GateDecision | None = None
 
-    def add(self, cid: str, rate_mib: float = 0.0, memory_mib: int = 256, **kw: object) -> Proc:
-        p = Proc(cid, memory_mib * MiB, rate_mib * MiB, self.clock(), **kw)  # type: ignore[arg-type]
+    def add(self, cid: str, rate_mib: float = 0.0, memory_mib: int = 256,
+            started_at: float | None = None, **kw: object) -> Proc:
+        t = self.clock() if started_at is None else started_at
+        p = Proc(cid, memory_mib * MiB, rate_mib * MiB, t, **kw)  # type: ignore[arg-type]
         self.procs[cid] = p
         return p
 
@@ -293,9 +295,10 @@ def test_green_allows_everything_even_just_denied() -> None:
 
 
 def test_yellow_slot_limit_b() -> None:
+    """b slots for the running growers, oldest first: the newest ones are paused."""
     sim = Sim()
-    for cid, rate in [("a", 24), ("b", 8), ("c", 16)]:
-        sim.add(cid, rate_mib=rate)
+    for cid, rate, started in [("a", 24, -1.0), ("b", 8, -3.0), ("c", 16, -2.0)]:
+        sim.add(cid, rate_mib=rate, started_at=started)
     sim.add("r", rate_mib=1)
     sim.add("cool", rate_mib=-32, memory_mib=1024)
     sim.warm()
@@ -323,8 +326,8 @@ def test_yellow_aggregate_demand_within_headroom() -> None:
 
 def test_yellow_slots_and_headroom_both_bind() -> None:
     sim = Sim()
-    for cid, rate in [("a", 8), ("b", 16), ("c", 4.5)]:
-        sim.add(cid, rate_mib=rate)
+    for cid, rate, started in [("a", 8, 0.0), ("b", 16, 0.0), ("c", 4.5, -1.0)]:
+        sim.add(cid, rate_mib=rate, started_at=started)
     sim.step(G, n=81)  # 10 s of green: b = 3
     d = sim.step(Y, avail(100))  # green -> yellow: b = 1
     assert d.budget == 1
@@ -350,8 +353,8 @@ def test_yellow_zero_demand_calls_run_without_headroom_and_reserve_it() -> None:
 
 def test_red_single_probe_with_headroom_check() -> None:
     sim = Sim(budget_initial=4)
-    for cid, rate in [("a", 24), ("b", 8), ("c", 16)]:
-        sim.add(cid, rate_mib=rate)
+    for cid, rate, started in [("a", 24, -1.0), ("b", 8, -3.0), ("c", 16, -2.0)]:
+        sim.add(cid, rate_mib=rate, started_at=started)
     sim.add("r", rate_mib=0)
     sim.warm()
     d = sim.step(R)
@@ -430,60 +433,79 @@ def test_min_deny_keeps_a_fresh_deny() -> None:
 
 
 def test_overdue_checked_first_and_tie_break_order() -> None:
+    """Waiting calls are checked in tie-break order, overdue ones first, but after the running
+    ones: a running grower keeps its slot (a paused call's memory is not given back, so a swap
+    only adds the newcomer's footprint), and the slot goes to the waiters once it stops."""
     sim = Sim()
     sim.add("g-d", rate_mib=24)
     sim.add("g-c", rate_mib=16)
     sim.add("g-b", rate_mib=8)
-    sim.add("g-a", rate_mib=8)
+    sim.add("g-a", rate_mib=8, started_at=-1.0)  # the oldest
     sim.add("r", rate_mib=0)
     sim.add("c", rate_mib=-8, memory_mib=1024)
     sim.warm()
     d = sim.step(Y)
     denied_at = sim.clock()
     assert d.allow == {"g-a": True, "g-b": False, "g-c": False, "g-d": False, "r": True, "c": True}
-    d = sim.step(Y, n=23)  # denied 2.875 s: eligible, not overdue
-    assert sim.clock() - denied_at == 2.875
-    assert d.order == ("r", "c", "g-a", "g-b", "g-c", "g-d")  # state, demand, id
-    assert d.allow["g-a"] and not d.allow["g-b"]
-    d = sim.step(Y)  # denied 3 s: overdue, checked before everyone else
-    overdue = {cid for cid, c in d.calls.items() if c.overdue}
-    assert overdue == {"g-b", "g-c", "g-d"}
-    assert d.order == ("g-b", "g-c", "g-d", "r", "c", "g-a")
-    assert d.allow == {"g-a": False, "g-b": True, "g-c": False, "g-d": False, "r": True, "c": True}
-    assert d.calls["g-a"].reason == Reason.NO_SLOT
-    # g-b keeps first place for readmit_grace_s, so the other overdue calls don't preempt it
-    # every period; g-a, just denied, is held by D_min meanwhile.
-    d = sim.step(Y, n=7)
-    assert d.order[0] == "g-b" and d.allow["g-b"]
-    assert d.calls["g-a"].reason == Reason.MIN_DENY
-    # Then the slot goes round the overdue calls, one grace period each, in tie-break order.
-    turns = []
-    for _ in range(3):
-        d = sim.step(Y)
-        turns.append([cid for cid, ok in d.allow.items() if ok and cid.startswith("g-")])
-        d = sim.step(Y, n=7)
-        assert turns[-1] == [cid for cid, ok in d.allow.items() if ok and cid.startswith("g-")]
-    assert turns == [["g-c"], ["g-d"], ["g-a"]]
+    d = sim.step(Y, n=8)  # denied 1 s: eligible, not overdue
+    assert d.order == ("r", "c", "g-a", "g-b", "g-c", "g-d")  # running, then state, demand, id
+    assert not any(c.overdue for c in d.calls.values())
+    d = sim.step(Y, n=16)  # denied 3 s: overdue, still behind the running call
+    assert sim.clock() - denied_at == 3.0
+    assert {cid for cid, c in d.calls.items() if c.overdue} == {"g-b", "g-c", "g-d"}
+    assert d.allow["g-a"] and d.calls["g-b"].reason == Reason.NO_SLOT
+    sim.add("g-e", rate_mib=4)  # a new grower is no overdue call's rival: it waits too
+    d = sim.step(Y, n=8)
+    assert d.allow["g-a"] and not d.allow["g-e"]
+    # g-a stops growing: it no longer needs a slot, and the first overdue call gets it.
+    sim.procs["g-a"].rate = 0
+    d = sim.step(Y, n=3)
+    assert d.calls["g-a"].state == CallState.RESIDENT and d.calls["g-a"].allow
+    assert d.order[:3] == ("g-a", "r", "c")  # running: state, then the oldest
+    assert d.order[3:6] == ("g-b", "g-c", "g-d")  # overdue: state, demand, id
+    assert d.allow["g-b"] and not d.allow["g-c"] and not d.allow["g-d"]
 
 
-def test_readmit_grace_never_overrides_the_limits() -> None:
+def test_held_calls_demand_includes_their_backlog() -> None:
+    """A held call projects over the horizon plus its hold: released, a clock-paced call catches
+    up in one burst, and re-admitting it needs that much room."""
     sim = Sim()
-    sim.add("a", rate_mib=8)
+    sim.add("a", rate_mib=8, started_at=-1.0)
     sim.add("b", rate_mib=16)
     sim.warm()
-    sim.step(Y, n=25)  # b denied at 0.25, overdue and re-admitted at 3.25
-    assert sim.last is not None and sim.last.allow["b"] and sim.last.order[0] == "b"
-    d = sim.step(R, avail(12))  # in grace, but 16 MiB no longer fits: denied at once
+    d = sim.step(Y)
+    assert d.calls["b"].demand_bytes == 16 * MiB and not d.allow["b"]
+    d = sim.step(Y, n=8)  # held 1 s
+    assert d.calls["b"].demand_bytes == 32 * MiB
+    d = sim.step(Y, n=16)  # held 3 s
+    assert d.calls["b"].demand_bytes == 64 * MiB
+    sim.remove("a")  # the slot is free, but 64 MiB of backlog don't fit in 40 MiB
+    d = sim.step(R, avail(40))
+    assert d.calls["b"].reason == Reason.NO_HEADROOM
+    d = sim.step(R, avail(80))
+    assert d.allow["b"] and d.calls["b"].reason == Reason.PROBE
+
+
+def test_running_call_loses_its_slot_when_it_no_longer_fits() -> None:
+    """Incumbency orders the checks, it never overrides the limits."""
+    sim = Sim()
+    sim.add("a", rate_mib=8)
+    sim.add("b", rate_mib=16, started_at=-1.0)
+    sim.warm()
+    d = sim.step(Y)
+    assert d.allow == {"a": False, "b": True}
+    d = sim.step(R, avail(12))  # b runs, but 16 MiB no longer fit: paused at once
     assert not d.allow["b"] and d.calls["b"].reason == Reason.NO_HEADROOM
 
 
 def test_overdue_still_needs_headroom() -> None:
     """Overdue changes the order, not the limits: a big overdue call can't break H."""
-    sim = Sim()
+    sim = Sim(budget_initial=4)
     sim.add("small", rate_mib=8)
     sim.add("big", rate_mib=64)
     sim.warm()
     d = sim.step(Y, avail(32), n=30)
+    assert d.slot_limit == 2
     assert d.calls["big"].overdue
     assert d.calls["big"].reason == Reason.NO_HEADROOM
     assert d.allow["small"]
@@ -635,12 +657,100 @@ def test_last_resort_uses_the_red_streak_seen_by_the_controller() -> None:
     sim = Sim()
     p = sim.add("hog", rate_mib=0, memory_mib=512, declared=128 * MiB)
     sim.warm()
-    sim.step(R, avail(0), n=16)  # red since 0.25, now 2.125: 1.875 s
-    assert sim.ctl.last_resort_victim([p.sample()], avail(10)) is None
-    sim.step(R, avail(0))  # 2.0 s of red
-    v = sim.ctl.last_resort_victim([p.sample()], avail(10))
+    mib = 60
+    for _ in range(16):  # red since 0.25, now 2.125: 1.875 s, available falling below 64 MiB
+        mib -= 1
+        sim.step(R, mib * MiB)
+    assert sim.ctl.last_resort_victim([p.sample()], mib * MiB) is None
+    sim.step(R, (mib - 1) * MiB)  # 2.0 s of red
+    v = sim.ctl.last_resort_victim([p.sample()], (mib - 1) * MiB)
     assert v is not None and v.call_id == "hog"
     assert v.score == pytest.approx(384 * MiB / 2.25)
-    assert sim.ctl.last_resort_victim([p.sample()], avail(64)) is None  # not critical
-    sim.step(Y)
-    assert sim.ctl.last_resort_victim([p.sample()], avail(0)) is None  # streak broken
+    sim.step(R, 80 * MiB)
+    assert sim.ctl.last_resort_victim([p.sample()], 80 * MiB) is None  # not critical
+    sim.step(Y, 20 * MiB)
+    assert sim.ctl.last_resort_victim([p.sample()], 10 * MiB) is None  # streak broken
+
+
+def test_no_last_resort_while_the_gate_holds_the_domain_steady() -> None:
+    """Critical but no longer falling: the gate is doing its job, nobody is killed; the reserve
+    is the gate's slack, not the kernel's, so it is not taken off what is available."""
+    sim = Sim()
+    p = sim.add("hog", rate_mib=0, memory_mib=512)
+    sim.warm()
+    sim.step(R, 40 * MiB, n=30)
+    assert sim.ctl.last_resort_victim([p.sample()], 40 * MiB) is None
+    sim.step(R, 39 * MiB)
+    assert sim.ctl.last_resort_victim([p.sample()], 39 * MiB) is not None
+    sim.step(R, avail(10))
+    assert sim.ctl.last_resort_victim([p.sample()], avail(10)) is None  # H 10 MiB: not critical
+
+
+def test_reserve_is_bounded_by_the_domain_budget() -> None:
+    """256 MiB is host-sized: in a 512 MiB cgroup domain the reserve is 1/8 of it, 64 MiB."""
+    sim = Sim()
+    sim.add("g", rate_mib=8)
+    sim.warm()
+    d = sim.ctl.update([sim.procs["g"].sample()], R, 200 * MiB, budget=512 * MiB)
+    assert d.headroom_bytes == 136 * MiB
+    d = sim.ctl.update([sim.procs["g"].sample()], R, 3 * GiB, budget=8 * GiB)
+    assert d.headroom_bytes == 3 * GiB - RESERVE
+    assert sim.ctl.update([sim.procs["g"].sample()], R, 200 * MiB).headroom_bytes == 0
+
+
+# -- the e2e scenario, simulated -------------------------------------------------------------
+
+
+@dataclass
+class ClockPaced:
+    """A memload ramp: its target footprint follows the wall clock, so a held call catches up
+    (at most `fault` bytes/s) once released, and it exits when its time is up."""
+
+    cid: str
+    peak: float
+    duration: float
+    fault: float = 150 * MiB
+    memory: float = 0.0
+    cpu: int = 0
+    done: bool = False
+
+    def run(self, t: float, dt: float) -> None:
+        if t >= self.duration:
+            self.done, self.memory = True, 0.0
+            return
+        want = self.peak * min(t / (0.95 * self.duration), 1.0)
+        self.memory = min(want, self.memory + self.fault * dt)
+        self.cpu += round(dt * 2e5)
+
+
+def test_three_clock_paced_ramps_fit_a_512_mib_domain() -> None:
+    """tests/e2e/test_growth_gate.py in miniature: 3 x 200 MiB ramps over 8 s in 512 MiB with
+    the daemon's pressure rules. Eager they need 600 MiB; gated, one grows at a time, the others
+    wait and catch up later, nobody is killed and the domain never overflows."""
+    from execgate.policy.pressure import PressureConfig, assess_pressure
+
+    budget, overhead, dt = 512 * MiB, 24 * MiB, 1 / 64
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(), clock)
+    calls = [ClockPaced(f"c{i}", 200 * MiB, 8.0) for i in range(3)]
+    allow = dict.fromkeys((c.cid for c in calls), True)
+    peak = 0.0
+    for k in range(1, 64 * 60):
+        for c in calls:
+            if allow[c.cid] and not c.done:
+                c.run(clock(), dt)
+        used = overhead + sum(c.memory for c in calls)
+        peak = max(peak, used)
+        clock.advance(dt)
+        if k % 8 == 0:  # a decision every 1/8 s
+            live = [c for c in calls if not c.done]
+            if not live:
+                break
+            avail_now = int(budget - used)
+            q = assess_pressure(PressureConfig(), avail_now, budget).state
+            samples = [Sample(c.cid, int(c.memory), c.cpu) for c in live]
+            allow.update(ctl.update(samples, q, avail_now, budget).allow)
+            assert ctl.last_resort_victim(samples, avail_now) is None
+    assert all(c.done for c in calls)
+    assert peak <= budget - 64 * MiB, peak / MiB
+    assert sum(ctl.finished(c.cid).held_s for c in calls) > 8.0  # type: ignore[union-attr]
