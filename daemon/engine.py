@@ -27,6 +27,7 @@ from execgate.policy.admission import Admission, Decision
 from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
 from execgate.policy.pressure import PressureReading, assess_pressure
 
+from .cgfiles import KeptFiles
 from .domain import Domain, DomainSample
 from .events import EventBus
 from .growth import GrowthGate
@@ -54,6 +55,31 @@ class LiveCall:
         return self.mem_sum // self.mem_n if self.mem_n else None
 
 
+@dataclass
+class LoopStats:
+    """What the control loop costs: iterations, and wall and CPU time spent inside tick()."""
+
+    iterations: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # the loop thread's CPU time (time.thread_time) inside tick()
+    last_wall_s: float = 0.0
+    max_wall_s: float = 0.0
+
+    def add(self, wall_s: float, cpu_s: float) -> None:
+        self.iterations += 1
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+        self.last_wall_s = wall_s
+        self.max_wall_s = max(self.max_wall_s, wall_s)
+
+    def snapshot(self) -> dict[str, Any]:
+        n = self.iterations
+        return {"iterations": n, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+                "mean_wall_ms": 1e3 * self.wall_s / n if n else None,
+                "mean_cpu_ms": 1e3 * self.cpu_s / n if n else None,
+                "last_wall_ms": 1e3 * self.last_wall_s, "max_wall_ms": 1e3 * self.max_wall_s}
+
+
 def call_info(msg: dict[str, Any], arrival: float | None = None) -> CallInfo:
     hint = msg.get("hint") or {}
     declared = hint.get("memory_bytes")
@@ -77,11 +103,13 @@ class Engine:
         self.store = Store(settings.daemon.store)
         self.journal = JournalFollower(cfg.journal, self.store)
         self.events = EventBus()
-        self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock)
+        self.files = KeptFiles()  # running calls' cgroup files, read every period
+        self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
         self.pending: dict[str, tuple[dict[str, Any], asyncio.Future[Decision]]] = {}
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
+        self.loop = LoopStats()
         self.started = time.time()
 
     # -- start-up ------------------------------------------------------------------------------
@@ -142,19 +170,25 @@ class Engine:
         """The runtime went away before it was admitted (or after, with nothing to run)."""
         if self.pending.pop(call_id, None) is not None or call_id in self.calls:
             self.admission.cancel(call_id)
-            self.calls.pop(call_id, None)
+            call = self.calls.pop(call_id, None)
+            if call is not None:
+                self.files.forget(call.cgroup)
             self.events.publish("cancelled", call=call_id)
 
     # -- the loop ------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        self._follow_journal()
-        self._sample_calls()
-        self.sample = self.domain.sample()
-        self._step()
-        if self.reading is not None:
-            self.growth.update(self.calls, self.reading.state, self.sample.available,
-                               self.sample.budget)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            self._follow_journal()
+            self._sample_calls()
+            self.sample = self.domain.sample()
+            self._step()
+            if self.reading is not None:
+                self.growth.update(self.calls, self.reading.state, self.sample.available,
+                                   self.sample.budget)
+        finally:
+            self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
 
     def _assess(self) -> PressureReading:
         """Q(t) from the last domain sample and the growth still expected of admitted calls
@@ -186,7 +220,7 @@ class Engine:
     def _sample_calls(self) -> None:
         now = self.clock()
         for cid, call in list(self.calls.items()):
-            mem = v2.read_int(call.cgroup, "memory.current")
+            mem = self.files.read_int(call.cgroup, "memory.current")
             if mem is None:
                 if call.seen or now - call.admitted_at > self.settings.daemon.vanish_grace_s:
                     call.gone_since = call.gone_since or now
@@ -227,6 +261,7 @@ class Engine:
         call = self.calls.pop(cid, None)
         if call is None:
             return
+        self.files.forget(call.cgroup)
         self.admission.release(cid)
         self.events.publish(
             "finished", call=cid, container=call.container,
@@ -250,5 +285,6 @@ class Engine:
             "admission": self.admission.snapshot(),
             "growth": self.growth.snapshot(),
             "history_calls": self.store.count(),
+            "loop": self.loop.snapshot(),
             "uptime_s": round(time.time() - self.started, 1),
         }

@@ -21,6 +21,8 @@ from execgate.cgroups import v2
 from execgate.policy.growth import CallSummary, GrowthConfig, GrowthController, Sample, Victim
 from execgate.policy.pressure_state import Pressure
 
+from .cgfiles import KeptFiles
+
 log = logging.getLogger("execgated")
 RELOAD_AFTER_S = 30.0
 HEALTH_EVERY_S = 1.0
@@ -60,8 +62,10 @@ class Tracked:
 
 
 class GrowthGate:
-    def __init__(self, config: GrowthConfig, mode: str, clock: Callable[[], float]) -> None:
+    def __init__(self, config: GrowthConfig, mode: str, clock: Callable[[], float],
+                 files: KeptFiles | None = None) -> None:
         self.config = config
+        self.files = files if files is not None else KeptFiles()
         self.mode = mode  # auto | sched_ext | freeze | off
         self.clock = clock
         self.controller = GrowthController(config, clock)
@@ -148,10 +152,11 @@ class GrowthGate:
         for cid, call in calls.items():
             if not call.seen:
                 continue
-            cpu = v2.read_keyed(call.cgroup, "cpu.stat").get("usage_usec")
+            cpu = self.files.read_key(call.cgroup, "cpu.stat", "usage_usec")
             if cpu is None:
                 continue
-            swap = v2.read_int(call.cgroup, "memory.swap.current") or 0
+            swap = self.files.read_int(call.cgroup, "memory.swap.current",
+                                       absent_for_good=True) or 0
             if cid not in self.tracked:
                 try:
                     self.tracked[cid] = Tracked(call.cgroup, os.stat(call.cgroup).st_ino)
@@ -221,6 +226,8 @@ class GrowthGate:
 
     def _forget(self, cid: str) -> None:
         t = self.tracked.pop(cid, None)
+        if t is not None:
+            self.files.forget(t.cgroup)
         if t is not None and not t.allowed and self.actuator is not None:
             try:
                 self.actuator.set(t.cgroup_id, True)  # drop the deny entry of a gone cgroup

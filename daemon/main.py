@@ -48,7 +48,7 @@ class Daemon:
                          "done": self.op_done, "events": self.op_events}
 
     async def op_ping(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
-        return protocol.reply(True, pid=os.getpid())
+        return protocol.reply(True, pid=os.getpid(), loop=self.engine.loop.snapshot())
 
     async def op_status(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
         snap = await asyncio.to_thread(status.collect, self.cfg, int(msg.get("recent", 20)))

@@ -163,8 +163,10 @@ class ProcConnector:
         except OSError:
             pass
         deadline = time.monotonic() + timeout
+        poller = select.poll()  # not select(): the daemon may hold more than 1024 descriptors
+        poller.register(self.sock, select.POLLIN)
         while (left := deadline - time.monotonic()) > 0:
-            if not select.select([self.sock], [], [], left)[0]:
+            if not poller.poll(left * 1000):
                 return False
             evs = self.read()
             self._early.extend(evs)
