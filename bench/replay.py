@@ -843,7 +843,8 @@ def execute(args: argparse.Namespace, points: Sequence[Point], command: str) -> 
         (out / "report.md").write_text(md, encoding="utf-8")
         log.close()
     print()
-    print(md)
+    # The demo's reader gets the compact table (report.md has the full one).
+    print(report.text_table(results) if args.command == "demo" else md)
     return results
 
 

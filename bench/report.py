@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Tables and plots of a replay benchmark's results.json (written by bench/replay.py).
 
-    python3 bench/report.py DIR/results.json [--out DIR] [--no-plots]
+    python3 bench/report.py DIR/results.json [--out DIR] [--no-plots | --plots-optional] [--text]
+    python3 bench/report.py A/results.json B/results.json --out DIR   # merge runs of one workload
 
 Writes report.md and, with matplotlib (`pip install matplotlib`; the VM has none), one PNG per
 load of memory and concurrency over time per scheme (timeline-N.png) and makespan / P50 latency /
 failures per scheme and load (summary.png). The Markdown part is stdlib only: the runner prints
 it at the end of a run inside the VM.
+
+Several results files of the same workload (same traces, arrivals, budget and replay settings,
+e.g. schemes split across VM boots to keep each boot short) merge into one results.json whose
+report says so. `--text` prints a compact table for a terminal (the demo's).
 
 Static-K is run for several K; tables and plots show the best K of each load: the fastest
 (makespan) among the Ks that completed every task, or the one completing most if none did.
@@ -25,9 +30,11 @@ from typing import Any
 MiB = 1 << 20
 # Scheme colours, stable across plots; unknown schemes cycle through the rest.
 COLOURS = {"eager": "#d62728", "static": "#7f7f7f", "reserve": "#9467bd",
-           "agentcgroup": "#ff7f0e", "execgate": "#2ca02c", "execgate-noadmit": "#17becf"}
-_EXTRA = ("#1f77b4", "#8c564b", "#e377c2", "#bcbd22")
-FAMILY_ORDER = ("eager", "static", "reserve", "agentcgroup", "execgate-noadmit", "execgate")
+           "agentcgroup": "#ff7f0e", "execgate": "#2ca02c", "execgate-noadmit": "#17becf",
+           "execgate-nogrowth": "#bcbd22"}
+_EXTRA = ("#1f77b4", "#8c564b", "#e377c2", "#aec7e8")
+FAMILY_ORDER = ("eager", "static", "reserve", "agentcgroup", "execgate-noadmit",
+                "execgate-nogrowth", "execgate")
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -115,6 +122,11 @@ def markdown(results: dict[str, Any]) -> str:
     out = ["# execgate trace-replay benchmark", ""]
     if results.get("command"):
         out += [f"`{results['command']}`", ""]
+    for part in results.get("merged_from", []):
+        out.append(f"- {', '.join(part['schemes'])}: `{part['command']}` ({part['created']})")
+    if results.get("merged_from"):
+        out += ["", f"Merged from {len(results['merged_from'])} runs of the same workload "
+                "(same traces, arrivals and budget; one run per line above).", ""]
     out.append(
         f"Workload: seed {p.get('seed')}{' (trace ' + p['trace'] + ')' if p.get('trace') else ''}"
         f", {p.get('arrival')} arrivals (mean gap {p.get('mean_gap_trace_s')} trace s), replayed "
@@ -149,6 +161,87 @@ def markdown(results: dict[str, Any]) -> str:
             out += ["Notes:", *(f"- {n}" for n in notes), ""]
     if results.get("aborted"):
         out += ["**The run was interrupted: results are partial.**", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _point_key(pt: dict[str, Any]) -> tuple[Any, ...]:
+    return (pt.get("label"), pt.get("n_tasks"), pt.get("budget_bytes"),
+            tuple(round(a, 6) for a in pt.get("arrivals_trace_s", [])))
+
+
+def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One results dict from several runs of the same workload (schemes split across runs).
+
+    The workload must be identical: seed, trace, arrivals, replay transforms, retry limit and
+    the loads (points). Runs keep their own point index, get `part` (index into `merged_from`),
+    and a scheme measured twice is an error (which one would the table show?)."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    # (The arrival times themselves are compared with the points: a mean gap that a burst
+    # ignores does not make another workload.)
+    keys = ("seed", "trace", "workload", "retry_limit")
+    first = parts[0]
+    p0 = first.get("params", {})
+    pts0 = [_point_key(pt) for pt in first.get("points", [])]
+    for i, r in enumerate(parts[1:], 1):
+        p = r.get("params", {})
+        diff = [k for k in keys if p.get(k) != p0.get(k)]
+        if diff:
+            raise ValueError(f"part {i + 1} replays another workload ({', '.join(diff)} differ)")
+        if [_point_key(pt) for pt in r.get("points", [])] != pts0:
+            raise ValueError(f"part {i + 1} has other loads (points) than part 1")
+    out = json.loads(json.dumps(first))
+    out["runs"], seen = [], set()
+    for i, r in enumerate(parts):
+        for run in r.get("runs", []):
+            key = (run.get("point", 0), run["scheme"])
+            if key in seen:
+                raise ValueError(f"{run['scheme']} (point {key[0]}) is in more than one part")
+            seen.add(key)
+            out["runs"].append({**run, "part": i})
+    out["merged_from"] = [{"command": r.get("command"), "created": r.get("created"),
+                           "host": r.get("host"), "elapsed_s": r.get("elapsed_s"),
+                           "schemes": sorted({x["scheme"] for x in r.get("runs", [])},
+                                             key=lambda n: _family_key({"scheme": n}))}
+                          for r in parts]
+    out["params"]["schemes"] = [x["scheme"] for x in out["runs"]]
+    out["command"] = None
+    out["aborted"] = any(r.get("aborted") for r in parts)
+    out["elapsed_s"] = sum(r.get("elapsed_s") or 0 for r in parts)
+    return out
+
+
+TEXT_HEADER = ("scheme", "done", "makespan s", "latency P50/P95 s", "OOM kills",
+               "failed attempts")
+
+
+def text_table(results: dict[str, Any]) -> str:
+    """A compact fixed-width table per load, for a terminal (the demo prints it)."""
+    out: list[str] = []
+    for i, point in enumerate(results.get("points", [])):
+        runs = shown_runs(results, i)
+        if not runs:
+            continue
+        rows = [TEXT_HEADER]
+        for r in runs:
+            m = r["metrics"]
+            rows.append((
+                label(r), f"{m['tasks_completed']}/{m['tasks_total']}", _num(m["makespan_s"]),
+                f"{_num(m.get('latency_arrival_p50_s'))} / "
+                f"{_num(m.get('latency_arrival_p95_s'))}",
+                str(m["oom_kills"]),
+                f"{m['failed_attempts']}/{m['attempts']} ({_pct(m['attempt_failure_rate'])})"))
+        widths = [max(len(row[c]) for row in rows) for c in range(len(TEXT_HEADER))]
+        out.append(f"{point['label']}: {point['n_tasks']} sandboxes, budget "
+                   f"{point['budget_bytes'] / MiB:.0f} MiB, sum of task peaks "
+                   f"{point['oversubscription']:.2f}x the budget")
+        for j, row in enumerate(rows):
+            out.append("  " + "  ".join(c.ljust(w) if k == 0 else c.rjust(w)
+                                        for k, (c, w) in enumerate(zip(row, widths,
+                                                                       strict=True))))
+            if j == 0:
+                out.append("  " + "  ".join("-" * w for w in widths))
+        out.append("")
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -283,22 +376,44 @@ def render(results: dict[str, Any], out: Path, plots: bool = True) -> list[Path]
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/report.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="results.json written by bench/replay.py")
-    ap.add_argument("--out", help="output directory (default: next to results.json)")
-    ap.add_argument("--no-plots", action="store_true", help="Markdown only (no matplotlib)")
+    ap.add_argument("results", nargs="+",
+                    help="results.json written by bench/replay.py (several: merge them)")
+    ap.add_argument("--out", help="output directory (default: next to results.json; required "
+                                  "to merge)")
+    plots = ap.add_mutually_exclusive_group()
+    plots.add_argument("--no-plots", action="store_true", help="Markdown only (no matplotlib)")
+    plots.add_argument("--plots-optional", action="store_true",
+                       help="plots if matplotlib is importable, else Markdown only")
+    ap.add_argument("--text", action="store_true", help="print the compact table")
     args = ap.parse_args(argv)
+    if len(args.results) > 1 and not args.out:
+        ap.error("--out is required to merge several results files")
     try:
-        results = load(args.results)
+        parts = [load(p) for p in args.results]
+        results = merge(parts) if len(parts) > 1 else parts[0]
     except (OSError, ValueError) as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else Path(args.results).resolve().parent
+    out = Path(args.out) if args.out else Path(args.results[0]).resolve().parent
+    if len(parts) > 1:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    want_plots = not args.no_plots
+    if args.plots_optional:
+        try:
+            _plt()
+        except ImportError:
+            want_plots = False
+            print("report: no matplotlib here: Markdown only (pip install matplotlib, then "
+                  f"python3 bench/report.py {out / 'results.json'})", file=sys.stderr)
     try:
-        files = render(results, out, plots=not args.no_plots)
+        files = render(results, out, plots=want_plots)
     except ImportError:
         print("report: matplotlib is needed for plots (pip install matplotlib), or --no-plots",
               file=sys.stderr)
         return 2
+    if args.text:
+        print(text_table(results))
     for f in files:
         print(f)
     return 0

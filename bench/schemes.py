@@ -93,16 +93,18 @@ EXECGATE = Scheme("execgate", "execgate", daemon=True, hints=True,
 NO_ADMISSION = Scheme("execgate-noadmit", "execgate", daemon=False, hints=True,
                       description="ablation: execgate runtime, daemon stopped (fail open)")
 
-# Ablations of the full system: one line each. The growth-gate ablation goes here once the
-# gate is configurable, e.g.
-#   replace(EXECGATE, name="execgate-nogrowth", family="execgate-nogrowth",
-#           daemon_tables={"growth": {"enabled": False}}, description="ablation: no growth gate")
-_ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION,)
+# Ablations of the full system: one line each (a `replace()` of EXECGATE and the config tables
+# it changes). "No residency" joins them once the daemon has residency.
+NO_GROWTH = replace(EXECGATE, name="execgate-nogrowth", family="execgate-nogrowth",
+                    daemon_tables={"daemon": {"gate": "off"}},
+                    description="ablation: execgated admitting calls, growth gate off")
+_ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION, NO_GROWTH)
 
 SCHEMES: dict[str, Scheme] = {
     s.name: s for s in (EAGER, STATIC, RESERVE, AGENTCGROUP, EXECGATE, *_ABLATIONS)
 }
-DEFAULT_SCHEMES = "eager,static,reserve,agentcgroup,execgate,execgate-noadmit"
+DEFAULT_SCHEMES = ("eager,static,reserve,agentcgroup,execgate,execgate-noadmit,"
+                   "execgate-nogrowth")
 DEFAULT_STATIC_K = (1, 2, 4, 8)
 
 

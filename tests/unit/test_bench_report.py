@@ -135,3 +135,61 @@ def test_rejects_other_files(tmp_path: Path) -> None:
     bad = tmp_path / "x.json"
     bad.write_text("{}")
     assert report.main([str(bad)]) == 2
+
+
+def _split(results: dict[str, Any], schemes: set[str]) -> dict[str, Any]:
+    part = json.loads(json.dumps(results))
+    part["runs"] = [r for r in part["runs"] if r["scheme"] in schemes]
+    part["command"] = f"bench/replay.py run --schemes {','.join(sorted(schemes))}"
+    return part
+
+
+def test_merge_joins_runs_of_one_workload(results: dict[str, Any], tmp_path: Path) -> None:
+    a = _split(results, {"eager", "execgate"})
+    b = _split(results, {"static-1", "static-2", "static-3"})
+    b["params"]["mean_gap_trace_s"] = 0.0  # irrelevant: arrivals are compared via the points
+    merged = report.merge([a, b])
+    assert len(merged["runs"]) == len(results["runs"])
+    assert {r["part"] for r in merged["runs"] if r["scheme"] == "eager"} == {0}
+    assert {r["part"] for r in merged["runs"] if r["family"] == "static"} == {1}
+    assert [p["schemes"] for p in merged["merged_from"]] == [
+        ["eager", "execgate"], ["static-1", "static-2", "static-3"]]
+    md = report.markdown(merged)
+    assert "Merged from 2 runs" in md and "--schemes eager,execgate" in md
+    assert md.split("## ")[1].count("| static (K=2) |") == 1
+
+    src_a, src_b = tmp_path / "a.json", tmp_path / "b.json"
+    src_a.write_text(json.dumps(a))
+    src_b.write_text(json.dumps(b))
+    out = tmp_path / "merged"
+    assert report.main([str(src_a), str(src_b), "--out", str(out), "--no-plots"]) == 0
+    assert report.load(out / "results.json")["merged_from"]
+    assert "Merged from 2 runs" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit):  # merging needs an explicit --out
+        report.main([str(src_a), str(src_b)])
+
+
+def test_merge_refuses_other_workloads_and_repeated_schemes(results: dict[str, Any]) -> None:
+    a = _split(results, {"eager"})
+    b = _split(results, {"execgate"})
+    b["params"]["workload"]["speed"] = 10.0
+    with pytest.raises(ValueError, match="workload"):
+        report.merge([a, b])
+    c = _split(results, {"execgate"})
+    c["points"][0]["budget_bytes"] = 512 * MiB
+    with pytest.raises(ValueError, match="points"):
+        report.merge([a, c])
+    with pytest.raises(ValueError, match="more than one part"):
+        report.merge([a, _split(results, {"eager"})])
+
+
+def test_text_table_is_compact_and_aligned(results: dict[str, Any]) -> None:
+    text = report.text_table(results)
+    blocks = text.strip().split("\n\n")
+    assert len(blocks) == 2
+    lines = blocks[0].splitlines()
+    assert lines[0].startswith("3 tasks, 768 MiB: 3 sandboxes, budget 768 MiB")
+    assert lines[1].split() [:2] == ["scheme", "done"]
+    assert [line.split()[0] for line in lines[3:]] == ["eager", "static", "execgate"]
+    assert len({len(line) for line in lines[1:]}) == 1  # fixed width
+    assert " 1/4 (25 %)" in lines[3]

@@ -54,7 +54,8 @@ def test_scheme_definitions_match_the_issue() -> None:
     ablation = sc["execgate-noadmit"]
     assert (ablation.runtime, ablation.daemon, ablation.hints) == ("execgate", False, True)
     assert [s.name for s in S.parse_schemes(S.DEFAULT_SCHEMES, (2,))] == [
-        "eager", "static-2", "reserve", "agentcgroup", "execgate", "execgate-noadmit"]
+        "eager", "static-2", "reserve", "agentcgroup", "execgate", "execgate-noadmit",
+        "execgate-nogrowth"]
 
 
 def test_parse_schemes_expands_static_and_rejects_unknown() -> None:
@@ -78,6 +79,17 @@ def test_an_ablation_is_a_replace_and_reaches_the_daemon_config() -> None:
     assert cfg["growth"] == {"enabled": False}
     assert cfg["daemon"]["domain"] == "/sys/fs/cgroup/x.slice"
     assert nogrowth.to_dict()["daemon_tables"] == {"growth": {"enabled": False}}
+
+
+def test_the_growth_gate_ablation_turns_the_daemons_gate_off() -> None:
+    nogrowth = S.SCHEMES["execgate-nogrowth"]
+    orig = {"daemon": {"domain": "host", "gate": "freeze"}, "pressure": {"red_fraction": 0.1}}
+    cfg = S.bench_config(orig, nogrowth, domain="/sys/fs/cgroup/x.slice", mem_scale=1)
+    assert cfg["daemon"] == {"domain": "/sys/fs/cgroup/x.slice", "gate": "off"}
+    assert cfg["pressure"]["red_fraction"] == 0.1
+    full = S.bench_config(orig, S.EXECGATE, domain="/sys/fs/cgroup/x.slice", mem_scale=1)
+    assert full["daemon"]["gate"] == "freeze"  # the full scheme keeps the host's actuator
+    assert nogrowth.daemon and nogrowth.hints and nogrowth.runtime == "execgate"
 
 
 # -- workload transforms -----------------------------------------------------------------------
