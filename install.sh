@@ -105,6 +105,10 @@ if [[ ! -x $prefix/bin/python ]]; then
 fi
 "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$src" \
     || die "pip install failed"
+# The runtime runs on every call Docker makes: its entry point starts Python isolated and without
+# site, the venv's site-packages put on sys.path explicitly (shim/launcher.py), over pip's.
+"$prefix/bin/python" -m execgate.shim.launcher "$prefix/bin/execgate" \
+    || say "warning: kept pip's entry point for execgate (slower start-up)"
 install -m 0644 "$src/README.md" "$prefix/README.md"
 for c in "${commands[@]}"; do
     ln -sfn "$prefix/bin/$c" "$bindir/$c"

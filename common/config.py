@@ -1,20 +1,31 @@
 """execgate's configuration: /etc/execgate/config.toml over built-in defaults.
 
 Read on every runtime call, so it stays a flat table parsed with tomllib (stdlib) and nothing
-more. A broken config must never break a container: errors fall back to the defaults and are
-reported by the caller.
+more, and this module imports nothing at load time: the runtime reads it through
+load_cached(), which keeps the resolved config in a marshal file and parses TOML only when the
+config file has changed. A broken config must never break a container: errors fall back to the
+defaults and are reported by the caller; a cache that is stale, corrupt or unwritable is only
+a missed shortcut.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
 
 DEFAULT_PATH = "/etc/execgate/config.toml"
+# The runtime's cache of the resolved config, in the default state dir (tmpfs: gone on reboot);
+# not in the configured state_dir, which is only known once the config is read.
+CACHE_PATH = "/run/execgate/config.cache"
+# A config file changed this recently may change again within the same timestamp tick (the
+# kernel's file times are coarse), unseen by the cache key: it is not cached until it settles.
+SETTLE_NS = 2_000_000_000
 
 
-@dataclass(frozen=True)
 class Config:
+    """The settings, each declared with its default. Immutable; compared by setting (not errors
+    and tables). A plain class, not a dataclass: `dataclasses` costs the runtime more to import
+    (inspect, ast, dis...) than all the rest of a call."""
+
     # The real OCI runtime: a path or command name, or a list tried in order.
     runtime: tuple[str, ...] = ("runc", "crun")
     # Per-container records and per-call state (tmpfs: gone on reboot, like runc's own state).
@@ -36,9 +47,45 @@ class Config:
     memory_high_from_hint: bool = False
     # Per-exec cgroups; false makes execgate a pure passthrough.
     per_exec_cgroups: bool = True
-    errors: tuple[str, ...] = field(default=(), compare=False)
-    # Sub-tables ([daemon], [pressure], [admission], ...) for the components that own them.
-    tables: dict[str, dict[str, object]] = field(default_factory=dict, compare=False)
+    # Problems met while loading, for the caller to report.
+    errors: tuple[str, ...] = ()
+    # Sub-tables ([daemon], [pressure], [admission], ...) for the components that own them
+    # ({} by default).
+    tables: dict[str, dict[str, object]]
+
+    def __init__(self, **values: object) -> None:
+        unknown = values.keys() - _DEFAULTS.keys() - {"tables"}
+        if unknown:
+            raise TypeError(f"Config() got unknown fields {sorted(unknown)}")
+        fields = self.__dict__
+        fields.update(_DEFAULTS)
+        fields["tables"] = {}
+        fields.update(values)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Config is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Config is immutable: cannot delete {name!r}")
+
+    def _compared(self) -> tuple[object, ...]:
+        return tuple(self.__dict__[name] for name in SETTINGS)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._compared() == other._compared()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._compared())
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items()) + ")"
+
+
+# The keys of config.toml's top level, in declaration order.
+SETTINGS = tuple(name for name in Config.__annotations__ if name not in ("errors", "tables"))
+_DEFAULTS = {name: getattr(Config, name) for name in (*SETTINGS, "errors")}
 
 
 def _coerce(name: str, value: object, default: object) -> object:
@@ -61,20 +108,13 @@ def _coerce(name: str, value: object, default: object) -> object:
     return value
 
 
-def load(path: str | None = None) -> Config:
-    """Load the config; problems are collected in Config.errors, never raised."""
-    path = path or os.environ.get("EXECGATE_CONFIG") or DEFAULT_PATH
-    try:
-        with open(path, "rb") as f:
-            import tomllib
+def _parse(path: str, text: bytes) -> Config:
+    import tomllib
 
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        return Config()
-    except (OSError, ValueError) as e:
+    try:
+        data = tomllib.loads(text.decode())
+    except ValueError as e:  # TOMLDecodeError, UnicodeDecodeError
         return Config(errors=(f"{path}: {e}; using defaults",))
-    defaults = Config()
-    known = {f.name for f in fields(Config)} - {"errors", "tables"}
     values: dict[str, object] = {}
     errors: list[str] = []
     tables: dict[str, dict[str, object]] = {}
@@ -82,11 +122,105 @@ def load(path: str | None = None) -> Config:
         if isinstance(value, dict):
             tables[key] = value
             continue
-        if key not in known:
+        if key not in SETTINGS:
             errors.append(f"{path}: unknown key {key!r} ignored")
             continue
         try:
-            values[key] = _coerce(key, value, getattr(defaults, key))
+            values[key] = _coerce(key, value, _DEFAULTS[key])
         except ValueError as e:
             errors.append(f"{path}: {e}; default kept")
-    return Config(**values, errors=tuple(errors), tables=tables)  # type: ignore[arg-type]
+    return Config(**values, errors=tuple(errors), tables=tables)
+
+
+def load(path: str | None = None) -> Config:
+    """Load the config; problems are collected in Config.errors, never raised."""
+    return _load(path, None)
+
+
+def load_cached(path: str | None = None, cache: str | None = None) -> Config:
+    """load() for the runtime: the same Config, from the cache (default CACHE_PATH) while the
+    file is unchanged."""
+    return _load(path, cache or CACHE_PATH)
+
+
+def _load(path: str | None, cache: str | None) -> Config:
+    path = path or os.environ.get("EXECGATE_CONFIG") or DEFAULT_PATH
+    key = None
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if cache and (key := _cache_key(path, st)):
+                cached = read_cache(cache, key)
+                if cached is not None:
+                    return cached
+            text = f.read()
+    except FileNotFoundError:
+        return Config()
+    except OSError as e:
+        return Config(errors=(f"{path}: {e}; using defaults",))
+    cfg = _parse(path, text)
+    if cache and key and _settled(st):
+        write_cache(cache, key, cfg)
+    return cfg
+
+
+# The cache: one marshal'd (key, settings) pair. The key names the config file by path, device,
+# inode, size and times (an edit or a replacement changes it) and this module's file and
+# settings (an upgrade of execgate does); the file must be ours, as it names the binary we run.
+
+
+def _cache_key(path: str, st: os.stat_result) -> tuple[object, ...] | None:
+    try:
+        code = os.stat(__file__)
+    except OSError:
+        return None
+    return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns, code.st_ino, code.st_size, code.st_mtime_ns, SETTINGS)
+
+
+def _settled(st: os.stat_result) -> bool:
+    import time
+
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= SETTLE_NS
+
+
+def read_cache(cache: str, key: tuple[object, ...]) -> Config | None:
+    """The cached Config for key; None when missing, stale, corrupt or not ours."""
+    import marshal
+
+    try:
+        with open(cache, "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.geteuid():
+                return None
+            cached_key, values = marshal.loads(f.read())
+        if cached_key != key:
+            return None
+        return Config(**values)
+    except Exception:  # noqa: BLE001 - unreadable, truncated, garbage: the file is read instead
+        return None
+
+
+def write_cache(cache: str, key: tuple[object, ...], cfg: Config) -> None:
+    """Replace the cache atomically (a reader sees the old one or the new one); best effort."""
+    import marshal
+
+    try:
+        blob = marshal.dumps((key, cfg.__dict__))
+    except ValueError:
+        return  # a value marshal cannot hold (a TOML date in a table): not cached
+    tmp = f"{cache}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, cache)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

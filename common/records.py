@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing: the runtime imports this
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
 
 
 def _containers_dir(state_dir: str) -> str:

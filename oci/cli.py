@@ -7,8 +7,6 @@ where the subcommand sits so that an intercepting handler can splice in extra fl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 # runc 1.1's global flags. Unknown flags are tolerated (newer runc): they are assumed boolean.
 GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless"})
 GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
@@ -32,12 +30,12 @@ ALIASES = {"b": "bundle", "e": "env", "u": "user", "g": "additional-gids", "p": 
            "v": "version"}
 
 
-@dataclass
 class Flags:
     """Flags by canonical long name; repeated flags keep every value, booleans store 'true'."""
 
-    values: dict[str, list[str]] = field(default_factory=dict)
-    positionals: list[str] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.values: dict[str, list[str]] = {}
+        self.positionals: list[str] = []
 
     def get(self, name: str, default: str | None = None) -> str | None:
         vals = self.values.get(name)
@@ -97,14 +95,15 @@ def parse_flags(args: list[str], value_flags: frozenset[str], *, interspersed: b
     return flags, i
 
 
-@dataclass
 class Invocation:
     """One call of the runtime: global flags, the subcommand and its own arguments."""
 
-    argv: list[str]
-    globals: Flags
-    command: str | None
-    command_index: int  # index in argv of the subcommand token (len(argv) when absent)
+    def __init__(self, argv: list[str], globals: Flags, command: str | None,
+                 command_index: int) -> None:
+        self.argv = argv
+        self.globals = globals
+        self.command = command
+        self.command_index = command_index  # index in argv of the subcommand (len(argv): none)
 
     @property
     def command_args(self) -> list[str]:

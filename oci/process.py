@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 
-@dataclass
 class ProcessSpec:
-    args: list[str] = field(default_factory=list)
-    env: list[str] = field(default_factory=list)
-    cwd: str = ""
-    terminal: bool = False
+    def __init__(self, args: list[str] | None = None, env: list[str] | None = None,
+                 cwd: str = "", terminal: bool = False) -> None:
+        self.args = args if args is not None else []
+        self.env = env if env is not None else []
+        self.cwd = cwd
+        self.terminal = terminal
 
     def getenv(self, name: str) -> str | None:
         prefix = name + "="

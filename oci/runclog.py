@@ -7,7 +7,6 @@ Nothing is ever written to stdout/stderr: those belong to the container's proces
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -36,6 +35,8 @@ class RuncLog:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e9):09d}Z"
         msg = "execgate: " + msg
         if to_runc_log:
+            import json  # only when there is something to write: most calls have nothing
+
             if self.json:
                 line = json.dumps({"level": level, "msg": msg, "time": stamp}) + "\n"
             else:

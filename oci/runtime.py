@@ -8,7 +8,6 @@ a marker in the environment stops a second nesting level outright.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 LOOP_MARKER = "EXECGATE_WRAPPED"
@@ -19,11 +18,25 @@ class RuntimeNotFound(RuntimeError):
     pass
 
 
+def which(name: str, path: str | None = None) -> str | None:
+    """shutil.which() for a bare command name, without importing shutil (and its fnmatch, re):
+    the first executable non-directory called name in path (default $PATH)."""
+    if path is None:
+        path = os.environ.get("PATH", os.defpath)
+    if not path:
+        return None
+    for d in dict.fromkeys(path.split(os.pathsep)):
+        cand = os.path.join(d, name)
+        if os.access(cand, os.X_OK) and not os.path.isdir(cand):
+            return cand
+    return None
+
+
 def _self_paths() -> set[str]:
     paths = {os.path.realpath(sys.argv[0])} if sys.argv and sys.argv[0] else set()
-    which = shutil.which("execgate")
-    if which:
-        paths.add(os.path.realpath(which))
+    found = which("execgate")
+    if found:
+        paths.add(os.path.realpath(found))
     return paths
 
 
@@ -45,7 +58,7 @@ def find(candidates: tuple[str, ...]) -> str:
     search = os.environ.get("PATH", "") + ":" + SEARCH_PATH
     tried = []
     for cand in candidates:
-        path = cand if "/" in cand else shutil.which(cand, path=search)
+        path = cand if "/" in cand else which(cand, search)
         tried.append(path or cand)
         if not path or not os.access(path, os.X_OK) or os.path.isdir(path):
             continue

@@ -12,10 +12,14 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
 
 from execgate.daemon import protocol
-from execgate.oci.runclog import RuncLog
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
+
+    from execgate.oci.runclog import RuncLog
 
 SLACK_S = 5.0
 

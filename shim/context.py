@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (on every runtime call)
+if TYPE_CHECKING:
+    from execgate.common.config import Config
+    from execgate.oci.cli import Invocation
+    from execgate.oci.runclog import RuncLog
 
-from execgate.common.config import Config
-from execgate.oci.cli import Invocation
-from execgate.oci.runclog import RuncLog
 
-
-@dataclass
 class Context:
-    inv: Invocation
-    config: Config
-    log: RuncLog
-    runtime: str  # the real runtime's path
+    def __init__(self, inv: Invocation, config: Config, log: RuncLog, runtime: str) -> None:
+        self.inv = inv
+        self.config = config
+        self.log = log
+        self.runtime = runtime  # the real runtime's path

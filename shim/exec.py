@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from execgate.cgroups import container, v2
 from execgate.common import records
 from execgate.oci import process as process_mod
 
-from . import admit, watcher
 from .context import Context
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
+
 # Hint parsing, message wording and the console relay are imported only by the calls that need
-# them: this module runs on every `docker exec`.
+# them, the daemon's protocol (msgpack, socket) and the watcher only by managed calls: this
+# module runs on every `docker exec`.
 
 
 def _stderr(text: str) -> None:
@@ -76,6 +79,8 @@ def handle(ctx: Context) -> list[str]:
             spec = process_mod.load(flags.get("process") or "")
         except (OSError, ValueError) as e:
             ctx.log.warning(f"exec in {cid}: unreadable process spec: {e}")
+    from . import admit, watcher
+
     name = container.new_tool_name()
     call: dict[str, Any] = {
         "call": name,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 
 from execgate.common import config as config_mod
 from execgate.oci import cli, runtime
@@ -18,9 +17,15 @@ from execgate.oci.runclog import RuncLog
 
 from .context import Context
 
-# A handler returns the argv to execve the real runtime with, or an exit status when it has
-# already run the runtime itself.
-Handler = Callable[[Context], "list[str] | int"]
+# This module and what it imports run on every runtime call, most of them passthroughs: none
+# imports typing, dataclasses, re, json, tomllib or shutil at load time (test_launcher.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    # A handler returns the argv to execve the real runtime with, or an exit status when it has
+    # already run the runtime itself.
+    Handler = Callable[[Context], list[str] | int]
 
 
 INTERCEPTED = ("create", "start", "exec", "kill", "delete")
@@ -37,7 +42,7 @@ def _handlers() -> dict[str, Handler]:
 def main() -> None:
     argv = sys.argv[1:]
     inv = cli.parse(argv)
-    cfg = config_mod.load()
+    cfg = config_mod.load_cached()
     log = RuncLog(inv.globals.get("log"), inv.globals.get("log-format"), cfg.debug_log,
                   debug=inv.globals.is_set("debug"))
     for err in cfg.errors:

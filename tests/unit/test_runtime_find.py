@@ -44,3 +44,22 @@ def test_run_returns_exit_status(tmp_path: Path) -> None:
     prog = _exe(tmp_path / "rt", "#!/bin/sh\nexit 7\n")
     assert runtime.run(prog, []) == 7
     assert os.path.exists(prog)
+
+
+def test_which_agrees_with_shutil(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _exe(b / "rt")
+    (a / "rt").write_text("not executable")
+    (a / "dir").mkdir(mode=0o755)
+    _exe(b / "dir")
+    path = f"{a}:{b}:{a}"
+    for name in ("rt", "dir", "missing"):
+        assert runtime.which(name, path) == shutil.which(name, path=path)
+    assert runtime.which("rt", path) == str(b / "rt")
+    assert runtime.which("rt", "") is None
+    monkeypatch.setenv("PATH", str(b))
+    assert runtime.which("rt") == str(b / "rt")
