@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any
 
 import msgpack
+
+TYPE_CHECKING = False  # typing's, without importing typing on the exec path
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 1
 MAX_FRAME = 16 << 20

@@ -16,7 +16,6 @@ import select
 import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 from execgate.cgroups import v2
 from execgate.common import meminfo, records
@@ -24,7 +23,10 @@ from execgate.oci.runclog import RuncLog
 
 from . import admit
 
+TYPE_CHECKING = False  # typing's, without importing typing on the exec path
 if TYPE_CHECKING:
+    from typing import Any
+
     from . import console
 
 # struct pidfd_info, first version (64 bytes): mask, cgroupid, eleven ids, exit_code.
@@ -65,6 +67,8 @@ def spawn(call: dict[str, Any], pid_file: str | None, journal: str, log: RuncLog
         _detach(keep=keep)
         if proxy is not None:
             stderr = proxy.relay(runtime_pidfd)
+            log.debug(f"call {call['call']}: terminal relayed, "
+                      f"{'keeping its peer' if stderr is not None else 'no peer (no feedback)'}")
             if stderr is not None and (call.get("waited_s") or 0.0) >= 2.0:
                 from . import feedback
 
@@ -188,8 +192,8 @@ def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0) -> dict[i
         os.close(events)
 
 
-def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> int | None:
-    """The pidfd of the exec's own process (named by runc's pid file), others closed."""
+def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> tuple[int | None, int | None]:
+    """The pid and pidfd of the exec's own process (named by runc's pid file), others closed."""
     pid = None
     if pid_file:
         try:
@@ -204,8 +208,8 @@ def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> int | None:
         try:
             chosen = os.pidfd_open(pid)
         except OSError:
-            return None  # already reaped: the status is lost, the memory figures are not
-    return chosen
+            return None, None  # already reaped: the status is lost, the memory figures are not
+    return pid, chosen
 
 
 def _exit_status(pidfd: int | None, cgroup_id: int) -> int | None:
@@ -275,8 +279,9 @@ def _tell_agent(call: dict[str, Any], entry: dict[str, Any], stderr: int,
         say(call, stderr, messages)
 
 
-def say(call: dict[str, Any], stream: int, messages: list[str]) -> None:
-    """Write feedback messages to a call's stderr, or its terminal for a TTY call."""
+def say(call: dict[str, Any], stream: int, messages: list[str]) -> str | None:
+    """Write feedback messages to a call's stderr, or its terminal for a TTY call; the error
+    if the stream would not take them (the reader is gone: nothing else to do)."""
     from . import console, feedback
 
     try:
@@ -284,8 +289,9 @@ def say(call: dict[str, Any], stream: int, messages: list[str]) -> None:
             console.write_to_terminal(stream, "".join(messages))
         else:
             os.write(stream, feedback.compose(*messages))
-    except OSError:
-        pass
+    except OSError as e:
+        return str(e)
+    return None
 
 
 def _oom_message(call: dict[str, Any], entry: dict[str, Any]) -> str:
@@ -347,22 +353,79 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     cg = call["cgroup"]
     cgroup_id = os.stat(cg).st_ino
     # Once runc has exited the call is placed, or never will be.
-    exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
-                                                     int(call.get("oom_score_adj") or 0)))
+    pid, exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
+                                                          int(call.get("oom_score_adj") or 0)))
     os.close(runtime_pidfd)
+    if call.get("tty") and stderr is not None and pid is not None:
+        from . import exithold
+
+        if exithold.seize(pid):
+            _watch_held(call, pid, exec_pidfd, journal, log, stderr)
+            return
+        log.debug(f"call {call['call']}: cannot trace pid {pid}; its note may race the exit")
     told = []
 
     def tell_oom_now() -> None:
         early = {"memory_peak": v2.read_int(cg, "memory.peak"), "killed_by_execgate": False}
-        say(call, stderr, [_oom_message(call, early)])  # type: ignore[arg-type]
+        err = say(call, stderr, [_oom_message(call, early)])  # type: ignore[arg-type]
+        log.debug(f"call {call['call']}: OOM note {'lost: ' + err if err else 'written'}")
         told.append(True)
 
     _wait_empty(cg, tell_oom_now if stderr is not None else None)
     end = time.time()
-    gate = admit.done(call["daemon"]["socket"], call["daemon"]["timeout_s"], call["call"]) \
-        if call.get("daemon") else None
+    gate = _done(call)
     entry = conclude(call, end, gate)
     tell_and_close(call, entry, stderr, told_oom=bool(told))
-    if not v2.remove(cg):
-        log.warning(f"call {call['call']}: cannot remove {cg}")
-    record(entry, _exit_status(exec_pidfd, cgroup_id), end, journal, log)
+    _finish(call, entry, _exit_status(exec_pidfd, cgroup_id), end, journal, log)
+
+
+def _watch_held(call: dict[str, Any], pid: int, pidfd: int | None, journal: str,
+                log: RuncLog, terminal: int) -> None:
+    """A TTY call whose exit we hold (shim/exithold.py): the note goes out before the engine
+    learns of the exit and tears the terminal down; the record waits for the cgroup to empty."""
+    from . import exithold
+
+    told: dict[str, Any] = {}
+
+    def on_exit(signal: int | None) -> None:
+        told["end"] = time.time()
+        if signal == 9:  # the OOM killer counts its kill a moment after sending it
+            _wait_for(lambda: _oom_counted(call["cgroup"]), 0.2)
+        told["gate"] = _done(call)
+        tell_and_close(call, conclude(call, told["end"], told["gate"]), terminal)
+
+    status = exithold.hold_exit(pid, on_exit)
+    if pidfd is not None:
+        os.close(pidfd)
+    if "end" not in told:  # lost the trace: tell what we can, now
+        on_exit(None)
+    _wait_empty(call["cgroup"])  # what it left running in the background
+    _finish(call, conclude(call, told["end"], told["gate"]), status, told["end"], journal, log)
+
+
+def _oom_counted(cg: str) -> bool:
+    events = v2.read_keyed(cg, "memory.events")
+    return bool(events.get("oom_kill") or events.get("oom_group_kill"))
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _done(call: dict[str, Any]) -> dict[str, Any] | None:
+    """The daemon's account of the ended call (what the growth gate did), None if unmanaged."""
+    if not call.get("daemon"):
+        return None
+    return admit.done(call["daemon"]["socket"], call["daemon"]["timeout_s"], call["call"])
+
+
+def _finish(call: dict[str, Any], entry: dict[str, Any], status: int | None, end: float,
+            journal: str, log: RuncLog) -> None:
+    if not v2.remove(call["cgroup"]):
+        log.warning(f"call {call['call']}: cannot remove {call['cgroup']}")
+    record(entry, status, end, journal, log)

@@ -60,6 +60,17 @@ def test_exec_with_tty(containers: Containers) -> None:
         assert p.stdout == b"tty-out\r\n"
 
 
+def test_tty_output_on_a_terminal_is_runcs(containers: Containers) -> None:
+    """Byte for byte what runc gives a person at a terminal. (With -t alone the client leaves
+    its terminal cooked, so runc's own output shows b"hi\r\r\n" there; -it makes it raw.)"""
+    pair = _pair(containers)
+    for flags in (["-t"], ["-it"]):
+        seen = {rt: on_terminal(["docker", "exec", *flags, cid, "echo", "hi"])
+                for rt, cid in pair.items()}
+        assert seen["execgate"] == seen["runc"], (flags, seen)
+        assert seen["runc"][0] == 0 and seen["runc"][1].startswith(b"hi\r"), (flags, seen)
+
+
 def test_stop_kill_rm_restart(containers: Containers) -> None:
     pair = _pair(containers, cmd=("sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.2; done"))
     for cid in pair.values():

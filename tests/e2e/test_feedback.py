@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from conftest import Containers, docker, init_pid, journal_for, wait_for
+from conftest import Containers, docker, init_pid, journal_for, on_terminal, wait_for
 
 
 def test_oom_feedback_on_stderr_keeps_stdout_and_exit_code(containers: Containers) -> None:
@@ -19,6 +19,23 @@ def test_oom_feedback_on_stderr_keeps_stdout_and_exit_code(containers: Container
     assert ours and len(ours) <= 5, lines
     assert "Out of memory" in ours[0]
     assert "Peak memory" in ours[1] and "container limit 64 MiB" in ours[1]
+
+
+def test_oom_feedback_on_a_terminal(containers: Containers) -> None:
+    """With a TTY the engine tears the terminal down as soon as it reaps the call: the note
+    gets there only because the watcher holds the exit until it is written (shim/exithold.py).
+    Repeated, since a race would pass now and then."""
+    cid = containers.run("--memory", "64m", "--memory-swap", "64m")
+    for flags in (["-t"], ["-it"], ["-t"], ["-it"]):
+        rc, out = on_terminal(["docker", "exec", *flags, cid, "sh", "-c",
+                               "echo before; memhog 200"])
+        assert rc == 137, (flags, out)
+        assert b"before" in out, (flags, out)
+        assert b"[execgate] Out of memory" in out, (flags, out)
+        assert b"container limit 64 MiB" in out, (flags, out)
+    # A TTY call that ends normally is not held back and prints nothing extra.
+    rc, out = on_terminal(["docker", "exec", "-t", cid, "sh", "-c", "memhog 8; echo fine"])
+    assert (rc, out) == (0, b"fine\r\r\n")
 
 
 def test_successful_calls_print_nothing_extra(containers: Containers) -> None:

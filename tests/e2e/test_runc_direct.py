@@ -116,9 +116,21 @@ def test_cgroupfs_driver_layout(bundle: str, tmp_path: object) -> None:
     assert not os.path.exists(os.path.join(STATE_DIR, "containers", cid + ".json"))
 
 
+def _daemon_fds() -> int:
+    pid = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", "execgated"],
+                         capture_output=True, text=True).stdout.strip()
+    assert pid and pid != "0", "execgated is not running"
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _state_files() -> int:
+    return sum(len(files) for _, _, files in os.walk(STATE_DIR))
+
+
 def test_no_leaks_over_many_cycles(bundle: str, tmp_path: object) -> None:
     root, tmp = str(tmp_path) + "/root", str(tmp_path)
     before_journal = len(journal_entries())
+    before_fds, before_files = _daemon_fds(), _state_files()
     start = time.monotonic()
     for i in range(CYCLES):
         _cycle(root, bundle, tmp, f"leak-{i}")
@@ -136,6 +148,9 @@ def test_no_leaks_over_many_cycles(bundle: str, tmp_path: object) -> None:
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     watchers = [line for line in ps.splitlines() if "bin/execgate " in line]
     assert not watchers, watchers
+    # Nor does the daemon or the state directory grow with the number of calls.
+    assert _daemon_fds() <= before_fds + 4, (before_fds, _daemon_fds())
+    assert _state_files() <= before_files + 2, (before_files, _state_files())
 
 
 def test_refuses_to_call_itself(tmp_path: object) -> None:

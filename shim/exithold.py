@@ -1,0 +1,86 @@
+"""Hold a TTY call's exit until its note is on the terminal.
+
+For a TTY exec the engine's shim shuts the terminal down as soon as it reaps the call's
+process, so a note written when the kernel OOM-kills the call races the kill itself (and loses
+under load). A process traced by us is different: its zombie is visible only to its tracer, and
+its real parent (containerd's shim, the subreaper) is told of the exit only once the tracer has
+waited for it. So the watcher PTRACE_SEIZEs the call's main process — no stop, no change to what
+it sees — forwards every signal it is sent, and, when the process has died, writes the note and
+only then lets the exit through. Should the watcher die, the kernel detaches the tracee, which
+carries on (or is reaped) as if never traced: the hold can delay an exit, never lose one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Callable
+
+_PTRACE_CONT = 7
+_PTRACE_SEIZE = 0x4206
+_PTRACE_LISTEN = 0x4208
+_PTRACE_EVENT_STOP = 128
+_WALL = 0x40000000
+_JOB_STOPS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+_DEAD = (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED)
+
+_libc: ctypes.CDLL | None = None
+
+
+def _ptrace(request: int, pid: int, data: int = 0) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        _libc.ptrace.restype = ctypes.c_long
+    if _libc.ptrace(request, pid, None, ctypes.c_void_p(data)) == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def seize(pid: int) -> bool:
+    """Become pid's tracer without stopping it; False when the kernel says no (Yama, LSM, gone)."""
+    try:
+        _ptrace(_PTRACE_SEIZE, pid)
+    except OSError:
+        return False
+    return True
+
+
+def hold_exit(pid: int, on_exit: Callable[[int | None], None]) -> int | None:
+    """Run the traced pid to its end, then on_exit(signal that killed it, or None) while its
+    exit is still held; return its wait status (None if the tracee was lost).
+
+    Every stop the trace causes is undone at once: a signal is re-injected, a job-control stop
+    is kept as one (PTRACE_LISTEN), so the call and its terminal behave as untraced.
+    """
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WSTOPPED | os.WNOWAIT | _WALL)
+        except ChildProcessError:
+            return None
+        except InterruptedError:
+            continue
+        if info is not None and info.si_code in _DEAD:
+            try:
+                on_exit(info.si_status if info.si_code != os.CLD_EXITED else None)
+            finally:
+                _, status = os.waitpid(pid, _WALL)  # hands the exit on to the real parent
+            return status
+        try:
+            _, status = os.waitpid(pid, _WALL)
+        except ChildProcessError:
+            return None
+        if not os.WIFSTOPPED(status):  # died between the two waits: already let through
+            on_exit(os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+            return status
+        try:
+            if status >> 16 != _PTRACE_EVENT_STOP:
+                _ptrace(_PTRACE_CONT, pid, os.WSTOPSIG(status))  # deliver what was sent
+            elif os.WSTOPSIG(status) in _JOB_STOPS:
+                _ptrace(_PTRACE_LISTEN, pid)  # a group stop: stay stopped until SIGCONT
+            else:  # SIGCONT ended a group stop (or any other event stop): run on
+                _ptrace(_PTRACE_CONT, pid)
+        except OSError:
+            continue  # killed meanwhile: the next wait sees it
