@@ -30,9 +30,11 @@ States and transitions (the base state is a pure function of ĝ; only the pause 
 
 * no valid sample yet: rate is taken as d_boot / horizon (16 MiB/s by default) -> Growing;
 * ĝ > +threshold -> Growing; |ĝ| ≤ threshold -> Resident; ĝ < -threshold -> Cooling;
-* Growing --denied--> PausedGrowing. A parked call gets no CPU, so its samples are invalid and ĝ
-  is frozen: it stays PausedGrowing until allowed (-> Growing, then re-classified by new valid
-  samples), or until valid samples taken while denied move ĝ into Resident/Cooling.
+* Growing --denied--> PausedGrowing. Samples taken while denied are invalid (a parked call gets no
+  CPU; what little it gets, entering the freezer or finishing a slice, says nothing about its
+  growth), so ĝ is frozen: it stays PausedGrowing until allowed (-> Growing, then re-classified
+  by new valid samples). So are the samples of its first ``catchup_s`` after re-admission: a
+  clock-paced call catches up in a burst that is its backlog, not its rate.
 
 Safety: sched_ext ejects the whole scheduler if a runnable task waits longer than its watchdog
 timeout (at most 30 s), so a call continuously denied for ``max_hold_s`` is forced to run for at
@@ -87,6 +89,10 @@ class GrowthConfig:
     min_deny_s: float = 1.0
     # D_max: a call denied at least this long is overdue and is checked first.
     overdue_after_s: float = 3.0
+    # After a deny -> allow flip, samples for this long measure the call catching up on its
+    # backlog (clock-paced work bursts), not its growth rate: they are not folded into ĝ. The
+    # backlog was reserved in its demand when it was re-admitted.
+    catchup_s: float = 0.5
     # Hold cap: a call continuously denied this long is forced to run for a period.
     max_hold_s: float = 20.0
     # Last resort (ToolSched §3.4): red for this long with the domain's available memory (no
@@ -115,6 +121,8 @@ class GrowthConfig:
             raise ValueError("budget_increase_after_s must be > 0")
         if not 0 <= self.min_deny_s <= self.overdue_after_s <= self.max_hold_s:
             raise ValueError("need 0 <= min_deny_s <= overdue_after_s <= max_hold_s")
+        if self.catchup_s < 0:
+            raise ValueError("catchup_s must be >= 0")
         if not 0 < self.max_hold_s < SCX_WATCHDOG_MAX_S:
             raise ValueError(f"max_hold_s must be in (0, {SCX_WATCHDOG_MAX_S}) s")
         if self.last_resort_after_s < 0 or self.critical_headroom_bytes < 0:
@@ -253,6 +261,7 @@ class _Call:
     allowed: bool = True
     perm_changed: bool = False  # the last decision flipped the permission
     deny_since: float | None = None
+    readmitted_at: float | None = None  # last deny -> allow flip
     decided_at: float | None = None
     held_s: float = 0.0
     episodes: int = 0
@@ -442,13 +451,17 @@ class GrowthController:
     def _observe_sample(self, c: _Call, s: Sample, now: float) -> None:
         """Fold the interval since the previous sample into ĝ, if it says anything about growth.
 
-        An interval in which the permission flipped mixes run and park (plus the catch-up burst
-        after unparking), and one without CPU time says nothing about how fast the call grows
-        when it runs; both would drag ĝ toward noise, so they are skipped.
+        An interval in which the permission flipped mixes run and park, one spent denied or
+        without CPU time says nothing about how fast the call grows when it runs, and one
+        starting within catchup_s of a re-admission measures the catch-up burst; all would drag
+        ĝ away from the call's own rate, so they are skipped.
         """
         t = now if s.sampled_at is None else s.sampled_at
         dt = t - c.last_sampled
-        if not c.perm_changed and s.cpu_usec > c.last_cpu and dt > 0:
+        catching_up = (c.readmitted_at is not None
+                       and c.last_sampled < c.readmitted_at + self.config.catchup_s)
+        if (c.allowed and not c.perm_changed and not catching_up and s.cpu_usec > c.last_cpu
+                and dt > 0):
             g = (s.memory_bytes - c.last_memory) / dt
             a = self.config.ewma_alpha
             # Seeded with the first observation: starting from 0 would hide a fast grower.
@@ -561,6 +574,7 @@ class GrowthController:
             c.episodes += 1
         elif ok and not c.allowed:
             c.deny_since = None
+            c.readmitted_at = now
         if reason == Reason.HOLD_CAP:
             c.forced_allows += 1
         c.allowed = ok

@@ -227,11 +227,16 @@ def test_interval_after_permission_change_is_skipped() -> None:
     # CPU still advanced (parking took effect late) and memory jumped: the flip makes it invalid.
     d = at(3.0, 50, 30, R)
     assert d.growth_bps == pytest.approx(10 * MiB)
-    d = at(4.0, 52, 40, R)  # no flip at 3.0 -> valid: 2 MiB/s
+    # No flip at 3.0, but denied: what CPU a held call gets (entering the freezer, finishing a
+    # slice) says nothing about its growth, so ĝ stays frozen.
+    d = at(4.0, 52, 40, R)
+    assert d.growth_bps == pytest.approx(10 * MiB) and d.state == CallState.PAUSED_GROWING
+    d = at(5.0, 53, 50, G)  # green: allowed -> flips back
+    assert d.allow and d.growth_bps == pytest.approx(10 * MiB)
+    assert at(5.25, 90, 60, G).growth_bps == d.growth_bps  # the catch-up burst is skipped
+    assert at(5.5, 91, 70, G).growth_bps == d.growth_bps  # ... for catchup_s after the flip
+    d = at(6.5, 93, 80, G)  # valid again: 2 MiB/s
     assert d.growth_bps == pytest.approx((0.35 * 2 + 0.65 * 10) * MiB)
-    d = at(5.0, 53, 50, G)  # valid again; green: allowed -> flips back
-    assert d.allow and d.growth_bps == pytest.approx((0.35 * 1 + 0.65 * 7.2) * MiB)
-    assert at(6.0, 90, 60, G).growth_bps == d.growth_bps  # the catch-up burst is skipped
 
 
 def test_first_decision_deny_counts_as_permission_change() -> None:
