@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import CGROOT, IMAGE, STATE_DIR, docker, journal_entries, wait_for
@@ -14,6 +16,7 @@ from conftest import CGROOT, IMAGE, STATE_DIR, docker, journal_entries, wait_for
 EXECGATE = "/usr/local/bin/execgate"
 PARENT = "execgate-direct"
 CYCLES = int(os.environ.get("EXECGATE_LEAK_CYCLES", "50"))
+WORKERS = int(os.environ.get("EXECGATE_LEAK_WORKERS", "2"))
 
 
 def rt(root: str, *args: str, check: bool = True, env: dict[str, str] | None = None,
@@ -63,8 +66,21 @@ def _set_cgroup(bundle: str, cid: str) -> None:
         json.dump(spec, f)
 
 
-def _process_json(tmp: str, args: list[str]) -> str:
-    path = os.path.join(tmp, "process.json")
+def _own_bundle(bundle: str, tmp: str, cid: str) -> str:
+    """A bundle of cid's own (its config, the shared rootfs), so cycles can run at once."""
+    own = os.path.join(tmp, cid)
+    os.makedirs(own, exist_ok=True)
+    with open(os.path.join(bundle, "config.json")) as f:
+        spec = json.load(f)
+    spec["root"]["path"] = os.path.join(bundle, "rootfs")
+    spec["linux"]["cgroupsPath"] = f"/{PARENT}/{cid}"
+    with open(os.path.join(own, "config.json"), "w") as f:
+        json.dump(spec, f)
+    return own
+
+
+def _process_json(tmp: str, args: list[str], name: str = "process.json") -> str:
+    path = os.path.join(tmp, name)
     with open(path, "w") as f:
         json.dump({"terminal": False, "user": {"uid": 0, "gid": 0}, "args": args,
                    "env": ["PATH=/bin"], "cwd": "/"}, f)
@@ -72,16 +88,17 @@ def _process_json(tmp: str, args: list[str]) -> str:
 
 
 def _cycle(root: str, bundle: str, tmp: str, cid: str) -> None:
-    _set_cgroup(bundle, cid)
-    pid_file = os.path.join(tmp, cid + ".pid")
-    rt(root, "create", "--bundle", bundle, "--pid-file", pid_file, cid)
+    own = _own_bundle(bundle, tmp, cid)
+    pid_file = os.path.join(own, "pid")
+    rt(root, "create", "--bundle", own, "--pid-file", pid_file, cid)
     rt(root, "start", cid)
-    proc = _process_json(tmp, ["sh", "-c", "cat /proc/self/cgroup > /tmp/where"])
+    proc = _process_json(own, ["sh", "-c", "cat /proc/self/cgroup > /dev/null"])
     rt(root, "exec", "--process", proc, "--pid-file", pid_file + ".exec", cid)
     rt(root, "kill", cid, "KILL")
     wait_for(lambda: json.loads(rt(root, "state", cid).stdout)["status"] == "stopped",
              what="the container to stop")
     rt(root, "delete", cid)
+    shutil.rmtree(own)
 
 
 def test_cgroupfs_driver_layout(bundle: str, tmp_path: object) -> None:
@@ -132,11 +149,13 @@ def test_no_leaks_over_many_cycles(bundle: str, tmp_path: object) -> None:
     before_journal = len(journal_entries())
     before_fds, before_files = _daemon_fds(), _state_files()
     start = time.monotonic()
-    for i in range(CYCLES):
-        _cycle(root, bundle, tmp, f"leak-{i}")
+    # Several containers cycling at once (EXECGATE_LEAK_WORKERS) is also the racier case.
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for done in pool.map(lambda i: _cycle(root, bundle, tmp, f"leak-{i}"), range(CYCLES)):
+            assert done is None
     elapsed = time.monotonic() - start
-    print(f"\n{CYCLES} create/start/exec/kill/delete cycles in {elapsed:.1f}s "
-          f"({elapsed / CYCLES * 1000:.0f} ms/cycle)")
+    print(f"\n{CYCLES} create/start/exec/kill/delete cycles, {WORKERS} at a time, in "
+          f"{elapsed:.1f}s ({elapsed / CYCLES * 1000:.0f} ms/cycle)")
     parent = os.path.join(CGROOT, PARENT)
     wait_for(lambda: not [d for d in os.listdir(parent) if d.startswith("leak-")],
              what="every container cgroup to be removed")
