@@ -185,7 +185,7 @@ class Engine:
             self.sample = self.domain.sample()
             self._step()
             if self.reading is not None:
-                self.growth.update(self.calls, self.reading.state, self.sample.available,
+                self.growth.update(self.calls, self.reading.usage_state, self.sample.available,
                                    self.sample.budget)
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)

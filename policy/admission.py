@@ -12,10 +12,15 @@ A call is admitted when both gates pass:
   M̃ = (1−α)·M̂avg + α·M̂peak with α = clamp(M_admitted / M_window, 0, 1): an idle domain packs
   calls by their average (they rarely peak together), a busy one charges peaks (no slack left to
   absorb a coincident peak). A charge is frozen when its call is admitted.
-* Physical gate on Q(t) (TenonAgent §3.4): green admits; yellow admits only light calls (predicted
-  peak < `yellow_peak_limit_bytes`) whose peak fits the effective headroom; red admits only one
-  headroom-checked *probe* at a time, so the domain keeps making progress without a stampede.
-  Headroom used by calls admitted earlier in the same step is subtracted before the next check.
+* Physical gate on Q(t) (TenonAgent §3.4): green admits; yellow admits calls whose peak fits the
+  effective headroom (headroom minus the growth still predicted for admitted calls) when they are
+  light (predicted peak < `yellow_peak_limit_bytes`) or their peak is a prediction backed by a
+  declaration or observed history; a heavy call whose peak is only a class default (a guess)
+  must also leave the red region free. (The light-only rule alone let a small domain run one
+  call at a time: every admitted call's own predicted growth turns it yellow.) Red admits only
+  one headroom-checked *probe* at a time, so the domain keeps making progress without a
+  stampede. Headroom used by calls admitted earlier in the same step is subtracted before the
+  next check.
 
 Queues (ToolSched §3.3): calls with predicted peak ≥ `heavy_peak_bytes` wait in the heavy queue,
 the rest in the light queue; both share the budget. Light calls are tried first to keep capacity
@@ -241,7 +246,8 @@ class Admission:
                 reserve = 0 if is_target else self._reserve(window, logical)
                 if self._admitted_bytes + charge + reserve > logical:
                     continue
-                verdict = self._physical_gate(entry, reading.state, headroom_left)
+                verdict = self._physical_gate(entry, reading.state, headroom_left,
+                                              reading.red_limit)
                 if verdict is None:
                     continue
                 probe, why = verdict
@@ -358,7 +364,7 @@ class Admission:
         yield from heavy
 
     def _physical_gate(
-        self, entry: _Entry, state: Pressure, headroom: int
+        self, entry: _Entry, state: Pressure, headroom: int, red_limit: int = 0
     ) -> tuple[bool, str] | None:
         """(probe, why) if Q(t) lets this call in, else None (TenonAgent §3.4)."""
         peak = entry.demand.peak_bytes
@@ -376,6 +382,18 @@ class Admission:
                 return False, (
                     f"yellow: light peak {fmt_bytes(peak)} < {fmt_bytes(limit)} fits "
                     f"effective headroom {fmt_bytes(headroom)}"
+                )
+            if peak > headroom:
+                return None
+            if not entry.demand.source.startswith("class-default"):
+                return False, (
+                    f"yellow: peak {fmt_bytes(peak)} ({entry.demand.source}) fits effective "
+                    f"headroom {fmt_bytes(headroom)}"
+                )
+            if peak <= headroom - red_limit:
+                return False, (
+                    f"yellow: guessed peak {fmt_bytes(peak)} fits effective headroom "
+                    f"{fmt_bytes(headroom)} above the red region {fmt_bytes(red_limit)}"
                 )
             return None
         if self._probe is None and peak <= headroom:

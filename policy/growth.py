@@ -10,8 +10,10 @@ replayable from a recorded trace and testable without cgroups, BPF or sleeps.
 
 Per call c the controller keeps an EWMA ĝ_c of the footprint's growth rate (bytes/s) over *valid*
 intervals only, derives a state and a projected demand d_c = max(ĝ_c, 0) · (horizon + hold, the
-time it has been held), and then, from one snapshot of all calls, the headroom H and the
-pressure state Q:
+time it has been held) — capped, for a call still below its declared peak, at what is left of
+its declaration — and then, from one snapshot of all calls, the headroom H and the pressure
+state Q (the daemon passes the state by usage alone: the growth it predicted for admitted calls
+is room admission set aside for them, not pressure to pace them by):
 
 * GREEN: every live call runs.
 * YELLOW: zero-demand calls (Resident, Cooling) run; at most ``b`` growing calls run, and their
@@ -271,6 +273,17 @@ class _Call:
     demand: int = 0
 
 
+def _within_declaration(demand: int, s: Sample) -> int:
+    """A call below its declared peak cannot need more than the rest of its declaration: the
+    projection (rate x (horizon + hold)) is capped there, so a fast ramp or a long hold does not
+    make a call that is about to level off look like it needs the whole domain. A call at or
+    above its declaration (it under-declared) keeps the uncapped projection."""
+    declared = s.declared_bytes
+    if declared is None or declared <= 0 or s.memory_bytes >= declared:
+        return demand
+    return min(demand, declared - s.memory_bytes)
+
+
 def headroom(mem_available: int, config: GrowthConfig, budget: int | None = None) -> int:
     """H = max(MemAvailable - reserve, 0); with the domain's budget known, the reserve is at most
     headroom_reserve_fraction of it."""
@@ -374,6 +387,7 @@ class GrowthController:
                 self._observe_sample(c, s, now)
             denied_for[cid] = self._accrue_hold(c, now)
             c.state, c.demand = self._classify(c.growth, denied_for[cid])
+            c.demand = _within_declaration(c.demand, s)
 
         H = headroom(mem_available, cfg, budget)
         if pressure == Pressure.GREEN:

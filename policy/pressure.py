@@ -4,14 +4,18 @@ Pure and I/O-free: the daemon samples the domain every control period (100 ms) a
 numbers to `assess_pressure`; the result feeds admission (TenonAgent §3.4) and the growth gate.
 
 The state is derived from *usable headroom* H = max(available − S, 0), where the safety margin S
-keeps the kernel's own reclaim room out of the schedulable pool. The budget is cut into regions:
+keeps the kernel's own reclaim room out of the schedulable pool; S is at most
+`safety_margin_fraction` (1/8) of the budget, like the growth gate's reserve, so a small cgroup
+domain is not mostly margin. The budget is cut into regions:
 red while H ≤ red_fraction · budget, yellow while H ≤ (red_fraction + yellow_fraction) · budget,
 green above. A reading at exactly a boundary takes the worse state (red wins ties), which also
 makes an empty domain (budget 0, H 0) red rather than green.
 
 Usage alone reacts late: calls already admitted keep growing toward their predicted peaks. So the
 state is evaluated a second time on the *effective headroom* H − predicted_growth and the worse of
-the two is kept; the domain turns yellow before usage alone shows it (TenonAgent §3.2).
+the two is kept; the domain turns yellow before usage alone shows it (TenonAgent §3.2). That
+early warning is for admission; the reading also keeps the state by usage alone
+(`usage_state`), which is what the growth gate paces running calls by.
 
 PSI is an optional, off-by-default corroborating signal: `some avg10` above a threshold raises the
 state to at least yellow (or red). It is off by default because avg10 lags by seconds and is not
@@ -36,6 +40,10 @@ class PressureConfig:
 
     # S: bytes of available memory never counted as headroom (kernel reclaim room, page cache).
     safety_margin_bytes: int = 256 * MiB
+    # ... but at most this fraction of the domain's budget: 256 MiB is host-sized and would keep
+    # two thirds of a 384 MiB cgroup domain idle. The growth gate caps its reserve the same way
+    # (GrowthConfig.headroom_reserve_fraction), so both see the same headroom.
+    safety_margin_fraction: float = 0.125
     # Size of the red region, as a fraction of the budget: red while H ≤ this · budget.
     red_fraction: float = 0.125
     # Size of the yellow region above red: yellow while H ≤ (red + yellow) · budget.
@@ -48,6 +56,8 @@ class PressureConfig:
     def __post_init__(self) -> None:
         if self.safety_margin_bytes < 0:
             raise ValueError("safety_margin_bytes must be >= 0")
+        if not 0 <= self.safety_margin_fraction <= 1:
+            raise ValueError("safety_margin_fraction must be in [0, 1]")
         if self.red_fraction < 0 or self.yellow_fraction < 0:
             raise ValueError("red_fraction and yellow_fraction must be >= 0")
         if self.red_fraction + self.yellow_fraction > 1:
@@ -72,6 +82,17 @@ class PressureReading:
     available: int = 0
     predicted_growth: int = 0
     psi_some_avg10: float | None = None
+    # H at or below this is red (red_fraction · budget): yellow admission keeps it free.
+    red_limit: int = 0
+    # The state from usage alone (headroom and PSI, without predicted growth); None = `state`.
+    by_usage: Pressure | None = None
+
+    @property
+    def usage_state(self) -> Pressure:
+        """Q(t) without the predicted-growth term: what the growth gate paces by. The growth
+        still predicted for admitted calls is room admission already set aside for them; it
+        stops *new* admissions early, but must not hold the very calls it was set aside for."""
+        return self.state if self.by_usage is None else self.by_usage
 
     @property
     def logical_budget(self) -> int:
@@ -117,7 +138,7 @@ def assess_pressure(
     """
     if budget < 0:
         raise ValueError("budget must be >= 0")
-    margin = config.safety_margin_bytes
+    margin = effective_margin(config, budget)
     growth = max(predicted_growth, 0)
     headroom = max(available - margin, 0)
     effective = max(headroom - growth, 0)
@@ -147,6 +168,7 @@ def assess_pressure(
             (config.psi_yellow_some_avg10, Pressure.YELLOW),
         ):
             if threshold is not None and psi_some_avg10 > threshold:
+                by_usage = max(by_usage, psi_state)
                 if psi_state > state:
                     state = psi_state
                     reason = (
@@ -165,7 +187,14 @@ def assess_pressure(
         available=available,
         predicted_growth=growth,
         psi_some_avg10=psi_some_avg10,
+        red_limit=red_limit,
+        by_usage=by_usage,
     )
+
+
+def effective_margin(config: PressureConfig, budget: int) -> int:
+    """S_eff = min(S, safety_margin_fraction · budget): the margin in a domain of this size."""
+    return min(config.safety_margin_bytes, int(max(budget, 0) * config.safety_margin_fraction))
 
 
 def predicted_remaining_growth(calls: Iterable[tuple[int, int]]) -> int:

@@ -60,8 +60,9 @@ class Harness:
         sandbox: str = "sb",
         priority: str = "normal",
         arrival: float | None = None,
+        source: str = "stub",
     ):
-        self.est.demands[cid] = Demand(peak if avg is None else avg, peak, "stub")
+        self.est.demands[cid] = Demand(peak if avg is None else avg, peak, source)
         call = CallInfo(cid, sandbox, ["x"], priority=priority, arrival=arrival)
         return self.adm.submit(call)
 
@@ -268,10 +269,10 @@ def test_credit_target_is_sticky_and_moves_on_cancel() -> None:
 # -- physical gate ------------------------------------------------------------------------------
 
 
-def test_yellow_admits_only_light_calls_that_fit_effective_headroom() -> None:
+def test_yellow_admits_only_calls_that_fit_effective_headroom() -> None:
     h = Harness()
     h.submit("heavy", peak=2 * GiB)
-    h.submit("medium", peak=256 * MiB)  # not below the 256 MiB light threshold
+    h.submit("medium", peak=256 * MiB)
     h.submit("too-big", peak=200 * MiB)
     h.submit("small", peak=100 * MiB)
     decisions = h.step(reading(YELLOW, eff=150 * MiB))
@@ -283,6 +284,28 @@ def test_yellow_admits_only_light_calls_that_fit_effective_headroom() -> None:
         h.submit(f"t{i}", peak=100 * MiB, sandbox=f"y{i}")
     assert h.ids(reading(YELLOW, eff=300 * MiB)) == ["t0", "t1", "t2"]
     assert h.ids(reading(GREEN)) == ["t3", "medium", "too-big", "heavy"]
+
+
+def test_yellow_admits_heavy_calls_with_a_known_peak_but_guessed_ones_keep_red_free() -> None:
+    """A declared or observed peak that fits the effective headroom is admitted in yellow
+    whatever its size (the headroom already excludes every admitted call's predicted growth);
+    a heavy call whose peak is a class default (a guess) must also leave the red region free."""
+
+    def yellow(eff: int) -> PressureReading:
+        return PressureReading(YELLOW, eff, eff, "t", budget=4 * GiB, safety_margin=0,
+                               red_limit=512 * MiB)
+
+    h = Harness()
+    h.submit("declared", peak=300 * MiB, source="declared", sandbox="a")
+    h.submit("history", peak=300 * MiB, source="class-history:test", sandbox="b")
+    h.submit("guess", peak=300 * MiB, source="class-default:test", sandbox="c")
+    decisions = h.step(yellow(700 * MiB))
+    # Both known peaks fit 700 MiB (300 + 300); the guess would not even fit the 100 MiB left.
+    assert [d.call_id for d in decisions] == ["declared", "history"]
+    assert all(d.reason.startswith("yellow: peak 300 MiB") for d in decisions)
+    assert h.ids(yellow(700 * MiB)) == []  # fits 700 MiB, but 700 - 512 of red < 300
+    [d] = h.step(yellow(812 * MiB))  # 812 - 512 = 300: the red region stays free
+    assert d.call_id == "guess" and d.reason.startswith("yellow: guessed peak")
 
 
 def test_red_admits_a_single_headroom_checked_probe() -> None:

@@ -491,6 +491,23 @@ def test_held_calls_demand_includes_their_backlog() -> None:
     assert d.allow["b"] and d.calls["b"].reason == Reason.PROBE
 
 
+def test_demand_is_capped_by_what_is_left_of_the_declaration() -> None:
+    """Below its declared peak a call cannot need more than the rest of its declaration, however
+    fast it ramped or long it was held; at or above it (under-declared) the projection stands."""
+    sim = Sim()
+    sim.add("b", rate_mib=64, memory_mib=100, declared=120 * MiB)
+    sim.add("liar", rate_mib=64, memory_mib=100, declared=50 * MiB)
+    sim.add("silent", rate_mib=64, memory_mib=100)
+    d = sim.warm()  # one allowed period: 108 MiB each, ĝ = 64 MiB/s
+    assert d.calls["b"].demand_bytes == 12 * MiB  # 120 - 108, not 64 MiB/s x 1 s
+    assert d.calls["liar"].demand_bytes == 64 * MiB
+    assert d.calls["silent"].demand_bytes == 64 * MiB
+    d = sim.step(R, avail(0), n=24)  # held ~3 s (after one more period: 116 MiB)
+    assert not d.allow["b"] and d.calls["b"].held_s > 2.5
+    assert d.calls["b"].demand_bytes == 4 * MiB  # the backlog stays within the declaration
+    assert d.calls["liar"].demand_bytes > 192 * MiB
+
+
 def test_running_call_loses_its_slot_when_it_no_longer_fits() -> None:
     """Incumbency orders the checks, it never overrides the limits."""
     sim = Sim()

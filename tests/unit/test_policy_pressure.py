@@ -148,3 +148,29 @@ def test_predicted_remaining_growth() -> None:
     calls = [(1 * GiB, 256 * MiB), (100 * MiB, 200 * MiB), (64 * MiB, 0)]
     assert predicted_remaining_growth(calls) == 768 * MiB + 0 + 64 * MiB
     assert predicted_remaining_growth([]) == 0
+
+
+def test_safety_margin_is_at_most_an_eighth_of_the_budget() -> None:
+    """S_eff = min(S, budget / 8), like the growth gate's reserve: a 384 MiB cgroup domain keeps
+    48 MiB, not two thirds of itself, out of the headroom."""
+    small = 384 * MiB
+    r = assess_pressure(CFG, small, small)
+    assert r.safety_margin == 48 * MiB
+    assert r.headroom == small - 48 * MiB
+    assert r.logical_budget == small - 48 * MiB
+    assert assess_pressure(CFG, BUDGET, BUDGET).safety_margin == S  # 1 GiB / 8 > 256 MiB
+    no_cap = PressureConfig(safety_margin_fraction=1.0)
+    assert assess_pressure(no_cap, small, small).safety_margin == S
+    with pytest.raises(ValueError):
+        PressureConfig(safety_margin_fraction=1.5)
+
+
+def test_usage_state_leaves_predicted_growth_out() -> None:
+    """The growth gate paces by usage alone: the growth predicted for admitted calls is the room
+    admission set aside for them."""
+    r = assess_pressure(CFG, S + 3 * GiB, BUDGET, predicted_growth=2 * GiB + 512 * MiB)
+    assert (r.state, r.usage_state) == (Pressure.RED, Pressure.GREEN)
+    assert r.red_limit == 1 * GiB
+    psi = PressureConfig(psi_yellow_some_avg10=20.0)
+    r = assess_pressure(psi, S + 3 * GiB, BUDGET, psi_some_avg10=30.0)
+    assert r.usage_state is Pressure.YELLOW  # PSI is usage
