@@ -42,6 +42,7 @@ def print_daemon(d: dict[str, Any]) -> None:
     held = growth.get("held") or []
     print(f"growth gate: {growth.get('actuator') or 'none'} ({growth.get('reason', '-')}); "
           f"yellow slots b={growth.get('budget', '-')}; held now: {', '.join(held) or 'none'}")
+    print_probes(d.get("probes") or {})
     queued = adm.get("queued") or []
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "
@@ -54,6 +55,21 @@ def print_daemon(d: dict[str, Any]) -> None:
             print(f"{q.get('call_id', ''):<18} {str(q.get('sandbox', ''))[:12]:<14} "
                   f"{q.get('queue', ''):<6} {_mib(dem.get('peak_bytes')):>9} "
                   f"{q.get('waited_s', 0):>6.1f}s  {dem.get('source', '')}")
+
+
+def print_probes(pr: dict[str, Any]) -> None:
+    """bcc probes: state, OOM kills per sandbox, fault rates of running calls."""
+    if not pr:
+        return
+    kills = ", ".join(f"{box[:12]} {n}" for box, n in
+                      sorted((pr.get("oom_kills_by_sandbox") or {}).items()))
+    print(f"probes: {pr.get('state')} ({pr.get('reason') or pr.get('mode')}); "
+          f"OOM kills seen: {pr.get('oom_kills', 0)}{f' ({kills})' if kills else ''}")
+    faults = pr.get("faults") or {}
+    if faults:
+        print("  page faults: " + ", ".join(
+            f"{cid} {f['rate']:.0f}/s (total {f['count']}, peak {f['peak_10ms']}/10 ms)"
+            for cid, f in sorted(faults.items())))
 
 
 def print_status(snap: dict[str, Any], source: str) -> None:

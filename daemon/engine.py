@@ -31,6 +31,7 @@ from .cgfiles import KeptFiles
 from .domain import Domain, DomainSample
 from .events import EventBus
 from .growth import GrowthGate
+from .probes import ProbeMonitor
 from .settings import Settings
 from .store import JournalFollower, Store
 
@@ -106,6 +107,9 @@ class Engine:
         self.files = KeptFiles()  # running calls' cgroup files, read every period
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
+        # bcc probes (OOM attribution, page faults); started by the daemon, after its socket
+        self.probes = ProbeMonitor(settings.daemon.probes, self.events, cfg.state_dir,
+                                   settings.daemon.oom_record, clock)
         self.pending: dict[str, tuple[dict[str, Any], asyncio.Future[Decision]]] = {}
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
@@ -182,6 +186,7 @@ class Engine:
         try:
             self._follow_journal()
             self._sample_calls()
+            self.probes.step(self.calls)  # fault rates into LiveCall.extra; OOM kill events
             self.sample = self.domain.sample()
             self._step()
             if self.reading is not None:
@@ -284,6 +289,7 @@ class Engine:
                 "psi_some_avg10": r.psi_some_avg10, "reason": r.reason},
             "admission": self.admission.snapshot(),
             "growth": self.growth.snapshot(),
+            "probes": self.probes.snapshot(),
             "history_calls": self.store.count(),
             "loop": self.loop.snapshot(),
             "uptime_s": round(time.time() - self.started, 1),

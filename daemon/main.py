@@ -134,6 +134,7 @@ async def run(cfg: config_mod.Config) -> None:
     log.info("listening on %s", cfg.socket)
     inside = InsideAgents(cfg, settings, engine)  # tools spawned by agents inside sandboxes
     inside.start()
+    engine.probes.start()  # bcc compiles in a background thread; never delays the socket
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -142,6 +143,7 @@ async def run(cfg: config_mod.Config) -> None:
     await daemon.control_loop(stop)
     sd_notify("STOPPING=1")
     inside.stop()
+    engine.probes.stop()
     await server.close()
     engine.growth.stop()
     engine.store.close()

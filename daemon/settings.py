@@ -37,6 +37,10 @@ class DaemonConfig:
     priority_sandboxes: tuple[str, ...] = ()
     # The growth gate's actuator: auto (sched_ext, else cgroup.freeze), sched_ext, freeze, off.
     gate: str = "auto"
+    # bcc probes (bpf/probes.py): auto/on (true) load them in the background, off (false) never.
+    probes: str = "auto"
+    # OOM kills seen by the probes, one JSON line each ("" = not recorded).
+    oom_record: str = "/var/lib/execgate/oom-kills.jsonl"
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,11 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
     def table(name: str) -> dict[str, Any]:
         return dict(tables.get(name) or {})
 
+    daemon = table("daemon")
+    if isinstance(daemon.get("probes"), bool):  # probes = true|false|"auto"
+        daemon["probes"] = "on" if daemon["probes"] else "off"
     settings = Settings(
-        daemon=from_table(DaemonConfig, table("daemon"), "daemon", errors),
+        daemon=from_table(DaemonConfig, daemon, "daemon", errors),
         pressure=from_table(PressureConfig, table("pressure"), "pressure", errors),
         admission=from_table(AdmissionConfig, table("admission"), "admission", errors),
         estimate=from_table(EstimateConfig, table("estimate"), "estimate", errors),
@@ -158,4 +165,9 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
                       "or off; auto used")
         settings = dataclasses.replace(
             settings, daemon=dataclasses.replace(settings.daemon, gate="auto"))
+    if settings.daemon.probes not in ("auto", "on", "off"):
+        errors.append(f"[daemon] probes: {settings.daemon.probes!r} is not true, false or auto; "
+                      "auto used")
+        settings = dataclasses.replace(
+            settings, daemon=dataclasses.replace(settings.daemon, probes="auto"))
     return settings, errors

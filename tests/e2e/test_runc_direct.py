@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import CGROOT, IMAGE, STATE_DIR, docker, journal_entries, wait_for
+from conftest import CGROOT, IMAGE, STATE_DIR, ctl_status, docker, journal_entries, wait_for
 
 EXECGATE = "/usr/local/bin/execgate"
 PARENT = "execgate-direct"
@@ -147,6 +147,9 @@ def _state_files() -> int:
 def test_no_leaks_over_many_cycles(bundle: str, tmp_path: object) -> None:
     root, tmp = str(tmp_path) + "/root", str(tmp_path)
     before_journal = len(journal_entries())
+    # bcc probes still compiling after a restart would open their fds mid-test
+    wait_for(lambda: (ctl_status().get("daemon") or {}).get("probes", {}).get("state")
+             != "loading", timeout=600, interval=1, what="the daemon's probes to settle")
     before_fds, before_files = _daemon_fds(), _state_files()
     start = time.monotonic()
     # Several containers cycling at once (EXECGATE_LEAK_WORKERS) is also the racier case.
