@@ -92,6 +92,7 @@ def handle(ctx: Context) -> list[str]:
         "detach": flags.is_set("detach"),
         "hint": _hint(ctx, spec, rec, cg),
         "oom_score_adj": ctx.config.tool_oom_score_adj,
+        "hold_exit": ctx.config.tty_exit_hold,
         "arrival": time.time(),
     }
     answer = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,

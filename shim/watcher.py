@@ -356,7 +356,7 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     pid, exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
                                                           int(call.get("oom_score_adj") or 0)))
     os.close(runtime_pidfd)
-    if call.get("tty") and stderr is not None and pid is not None:
+    if call.get("tty") and call.get("hold_exit", True) and stderr is not None and pid is not None:
         from . import exithold
 
         if exithold.seize(pid):
