@@ -152,7 +152,8 @@ def own_cgroup(root: str = CGROUP_ROOT, pid: int | str = "self") -> str | None:
         with open(f"/proc/{pid}/cgroup") as f:
             for line in f:
                 if line.startswith("0::"):
-                    return cgroup_path(line[3:].strip() or "/", root)
+                    # "0::/a/b" is relative to the cgroup2 mount (cgroup_path keeps absolutes)
+                    return os.path.normpath(os.path.join(root, line[3:].strip().lstrip("/")))
     except OSError:
         pass
     return None
