@@ -32,11 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from execgate.bpf.gate import cgroup_id, find_cgroup, own_cgroup
+
 log = logging.getLogger("execgated")
 
 SRC = Path(__file__).resolve().with_name("probes.bcc.c")
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
-CGROUP_ROOT = "/sys/fs/cgroup"
 # oom:mark_victim fields copied into the event when present (the set changed across kernels:
 # before 6.8 it was only `pid`).
 OOM_FIELDS = ("comm", "total_vm", "anon_rss", "file_rss", "shmem_rss", "pgtables", "uid",
@@ -108,36 +109,11 @@ def raw_victim_supported(oom_fields: dict[str, str]) -> bool:
     return "uid" in oom_fields
 
 
-# -- cgroup ids --------------------------------------------------------------------------------
-
-
-def cgroup_id(path: str) -> int:
-    """A cgroup2 id is the inode number of its directory (bpf/README.md)."""
-    return os.stat(path).st_ino
-
-
-def proc_cgroup(pid: int, root: str = CGROUP_ROOT) -> str | None:
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return os.path.join(root, line[3:].strip().lstrip("/"))
-    except OSError:
-        pass
-    return None
-
-
-def find_cgroup(cid: int, root: str = CGROUP_ROOT) -> str | None:
-    """Walk cgroupfs for the directory with inode cid (slow: only for the rare unknown id)."""
-    for dirpath, _dirs, _files in os.walk(root):
-        with contextlib.suppress(OSError):
-            if os.stat(dirpath).st_ino == cid:
-                return dirpath
-    return None
+# -- cgroup ids (the id is the inode of the cgroup2 directory: gate.cgroup_id) -----------------
 
 
 def resolve_cgroup(cid: int, pid: int, known: Callable[[int], str | None] | None = None,
-                   root: str = CGROUP_ROOT) -> tuple[str | None, str]:
+                   root: str = "/sys/fs/cgroup") -> tuple[str | None, str]:
     """cgroup id -> (path, how). Tried in order: the caller's index of cgroups it knows (which
     survives the cgroup's removal), the victim's /proc/<pid>/cgroup when its inode matches (the
     victim is dying: it may already be gone - the race), then a walk of cgroupfs."""
@@ -145,7 +121,7 @@ def resolve_cgroup(cid: int, pid: int, known: Callable[[int], str | None] | None
         path = known(cid)
         if path:
             return path, "index"
-    path = proc_cgroup(pid, root)
+    path = own_cgroup(root, pid)
     if path is not None:
         try:
             if not cid or cgroup_id(path) == cid:

@@ -93,7 +93,7 @@ def test_wall_us_is_now_for_now() -> None:
 
 
 def test_resolve_cgroup_by_proc_and_index() -> None:
-    own = probes.proc_cgroup(os.getpid())
+    own = probes.own_cgroup(pid=os.getpid())
     assert own is not None
     path, how = probes.resolve_cgroup(0, os.getpid())
     assert (path, how) == (own, "proc")
