@@ -63,6 +63,41 @@ def containers(state_dir: str) -> Iterator[dict[str, Any]]:
                 yield rec
 
 
+class ContainerIndex:
+    """The container records, re-parsed only where a file changed (a save renames a new file in,
+    so a changed record has a new inode). The daemon rescans on every change in the directory;
+    parsing every record each time cost it ~10 ms of CPU per container started at 1,000."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self._seen: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every readable record, in name order (copies: callers may keep or change them)."""
+        try:
+            entries = list(os.scandir(_containers_dir(self.state_dir)))
+        except FileNotFoundError:
+            entries = []
+        fresh: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        for entry in entries:
+            if not entry.name.endswith(".json"):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            old = self._seen.get(entry.name)
+            if old is not None and old[0] == sig:
+                fresh[entry.name] = old
+                continue
+            rec = load_container(self.state_dir, entry.name[:-5])
+            if rec:
+                fresh[entry.name] = (sig, rec)
+        self._seen = fresh
+        return [dict(fresh[name][1]) for name in sorted(fresh)]
+
+
 def append_journal(path: str, entry: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()

@@ -408,6 +408,7 @@ class InsideAgents:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._dirty = True
+        self._index = records.ContainerIndex(cfg.state_dir)
         self._overruns = 0
         self._starting = False
         self._retry_listen_at = 0.0
@@ -498,7 +499,7 @@ class InsideAgents:
         if self._dirty or self.inotify is None:
             self._dirty = False
             seen: set[str] = set()
-            for rec in records.containers(self.cfg.state_dir):
+            for rec in self._index.records():
                 cg = rec.get("cgroup")
                 # The init/ + tool-*/ layout is made at `start` (shim/start.py): until then
                 # a tool cgroup would lack its controllers.
