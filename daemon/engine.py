@@ -190,7 +190,7 @@ class Engine:
             self.sample = self.domain.sample()
             self._step()
             if self.reading is not None:
-                self.growth.update(self.calls, self.reading.usage_state, self.sample.available,
+                self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
                                    self.sample.budget)
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
@@ -204,6 +204,7 @@ class Engine:
         s = self.sample
         return assess_pressure(self.settings.pressure, s.available, s.budget,
                                predicted_growth=self.admission.predicted_growth(usage),
+                               undeclared_growth=self.admission.predicted_growth(usage, True),
                                psi_some_avg10=s.psi_some_avg10)
 
     def _step(self) -> None:

@@ -263,11 +263,13 @@ class Admission:
             decisions.append(admitted)
         return decisions
 
-    def predicted_growth(self, usage: Mapping[str, int]) -> int:
+    def predicted_growth(self, usage: Mapping[str, int], undeclared_only: bool = False) -> int:
         """Growth still predicted for admitted calls, given their current bytes by call id
-        (unsampled calls count from 0); feed it to assess_pressure (TenonAgent §3.2)."""
+        (unsampled calls count from 0); feed it to assess_pressure (TenonAgent §3.2).
+        undeclared_only: only calls whose demand is not from a declaration (its gate_state)."""
         return predicted_remaining_growth(
             (e.demand.peak_bytes, usage.get(cid, 0)) for cid, e in self._running.items()
+            if not (undeclared_only and e.demand.source == "declared")
         )
 
     def snapshot(self) -> dict[str, Any]:

@@ -14,8 +14,10 @@ makes an empty domain (budget 0, H 0) red rather than green.
 Usage alone reacts late: calls already admitted keep growing toward their predicted peaks. So the
 state is evaluated a second time on the *effective headroom* H − predicted_growth and the worse of
 the two is kept; the domain turns yellow before usage alone shows it (TenonAgent §3.2). That
-early warning is for admission; the reading also keeps the state by usage alone
-(`usage_state`), which is what the growth gate paces running calls by.
+early warning is for admission. The growth gate paces running calls by `gate_state`, which counts
+only the growth predicted for calls *without* a declaration: a declared call's growth up to its
+declared peak is room admission set aside for it, not pressure to hold it by, while an
+undeclared call's predicted peak is a guess the gate stays careful about.
 
 PSI is an optional, off-by-default corroborating signal: `some avg10` above a threshold raises the
 state to at least yellow (or red). It is off by default because avg10 lags by seconds and is not
@@ -84,15 +86,16 @@ class PressureReading:
     psi_some_avg10: float | None = None
     # H at or below this is red (red_fraction · budget): yellow admission keeps it free.
     red_limit: int = 0
-    # The state from usage alone (headroom and PSI, without predicted growth); None = `state`.
-    by_usage: Pressure | None = None
+    # The state the growth gate paces by (see `gate_state`); None = `state`.
+    by_gate: Pressure | None = None
 
     @property
-    def usage_state(self) -> Pressure:
-        """Q(t) without the predicted-growth term: what the growth gate paces by. The growth
-        still predicted for admitted calls is room admission already set aside for them; it
-        stops *new* admissions early, but must not hold the very calls it was set aside for."""
-        return self.state if self.by_usage is None else self.by_usage
+    def gate_state(self) -> Pressure:
+        """Q(t) on headroom minus the growth predicted for undeclared calls only (PSI included).
+        The growth still predicted for declared calls is room admission already set aside for
+        them: it stops *new* admissions early, but must not hold the very calls it was set aside
+        for (the gate caps their demand at what is left of their declaration instead)."""
+        return self.state if self.by_gate is None else self.by_gate
 
     @property
     def logical_budget(self) -> int:
@@ -127,6 +130,7 @@ def assess_pressure(
     budget: int,
     *,
     predicted_growth: int = 0,
+    undeclared_growth: int = 0,
     psi_some_avg10: float | None = None,
 ) -> PressureReading:
     """Classify one sample of the domain into green / yellow / red (TenonAgent §3.2).
@@ -134,7 +138,8 @@ def assess_pressure(
     available: free bytes of the domain (MemAvailable, or a parent cgroup's max − current; may be
     negative when the parent is over its limit). budget: the domain's total bytes.
     predicted_growth: bytes the already-admitted calls are still predicted to grow by (see
-    `predicted_remaining_growth`). psi_some_avg10: PSI memory `some avg10`, if known.
+    `predicted_remaining_growth`); undeclared_growth: the part of it predicted for calls without a
+    declaration (for `gate_state`). psi_some_avg10: PSI memory `some avg10`, if known.
     """
     if budget < 0:
         raise ValueError("budget must be >= 0")
@@ -146,6 +151,7 @@ def assess_pressure(
     yellow_limit = int(budget * (config.red_fraction + config.yellow_fraction))
 
     by_usage = _region(headroom, red_limit, yellow_limit)
+    by_gate = _region(max(headroom - max(undeclared_growth, 0), 0), red_limit, yellow_limit)
     by_growth = _region(effective, red_limit, yellow_limit)
     state = max(by_usage, by_growth)
     limit = red_limit if state is Pressure.RED else yellow_limit
@@ -168,7 +174,7 @@ def assess_pressure(
             (config.psi_yellow_some_avg10, Pressure.YELLOW),
         ):
             if threshold is not None and psi_some_avg10 > threshold:
-                by_usage = max(by_usage, psi_state)
+                by_gate = max(by_gate, psi_state)
                 if psi_state > state:
                     state = psi_state
                     reason = (
@@ -188,7 +194,7 @@ def assess_pressure(
         predicted_growth=growth,
         psi_some_avg10=psi_some_avg10,
         red_limit=red_limit,
-        by_usage=by_usage,
+        by_gate=by_gate,
     )
 
 

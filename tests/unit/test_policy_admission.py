@@ -474,6 +474,10 @@ def test_predicted_growth_of_admitted_calls() -> None:
     h.step()
     assert h.adm.predicted_growth({"a": 256 * MiB, "b": 600 * MiB}) == 768 * MiB
     assert h.adm.predicted_growth({}) == 1536 * MiB  # unsampled calls count from zero
+    h.submit("declared", peak=100 * MiB, source="declared", sandbox="d")
+    h.step()
+    assert h.adm.predicted_growth({}) == 1636 * MiB
+    assert h.adm.predicted_growth({}, undeclared_only=True) == 1536 * MiB
 
 
 def test_deterministic_given_the_clock() -> None:

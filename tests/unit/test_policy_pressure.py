@@ -165,12 +165,15 @@ def test_safety_margin_is_at_most_an_eighth_of_the_budget() -> None:
         PressureConfig(safety_margin_fraction=1.5)
 
 
-def test_usage_state_leaves_predicted_growth_out() -> None:
-    """The growth gate paces by usage alone: the growth predicted for admitted calls is the room
-    admission set aside for them."""
+def test_gate_state_counts_only_undeclared_growth() -> None:
+    """The growth gate paces by headroom minus the growth predicted for undeclared calls: a
+    declared call's growth is the room admission set aside for it."""
     r = assess_pressure(CFG, S + 3 * GiB, BUDGET, predicted_growth=2 * GiB + 512 * MiB)
-    assert (r.state, r.usage_state) == (Pressure.RED, Pressure.GREEN)
+    assert (r.state, r.gate_state) == (Pressure.RED, Pressure.GREEN)
     assert r.red_limit == 1 * GiB
+    r = assess_pressure(CFG, S + 3 * GiB, BUDGET, predicted_growth=2 * GiB + 512 * MiB,
+                        undeclared_growth=1536 * MiB)
+    assert r.gate_state is Pressure.YELLOW  # 3 GiB - 1.5 GiB <= 2 GiB
     psi = PressureConfig(psi_yellow_some_avg10=20.0)
     r = assess_pressure(psi, S + 3 * GiB, BUDGET, psi_some_avg10=30.0)
-    assert r.usage_state is Pressure.YELLOW  # PSI is usage
+    assert r.gate_state is Pressure.YELLOW  # PSI is measured pressure
