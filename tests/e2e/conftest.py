@@ -161,6 +161,7 @@ def memory_domain(containers: Containers, slice_name: str, budget: int, n: int,
     # A whole new file: TOML forbids a second [daemon] table. The test bed keeps sched_ext for
     # the tests that ask for it (each load and unload patches kernel text, which TCG can oops on).
     gate = "" if "gate =" in config else 'gate = "freeze"\n'
+    gate += "" if "probes =" in config else "probes = false\n"  # as the test bed (guest-run.sh)
     with open(CONFIG, "w") as f:
         f.write(f'daemon_timeout_ms = 2000\n\n[daemon]\ndomain = "{domain}"\n{gate}{config}\n')
     try:

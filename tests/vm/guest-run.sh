@@ -39,8 +39,11 @@ cp /etc/docker/daemon.json "$res/daemon.json.after"
 sed -i 's/^daemon_timeout_ms = .*/daemon_timeout_ms = 2000/' /etc/execgate/config.toml
 # Loading and unloading sched_ext patches kernel text, which multi-threaded TCG oopses on now
 # and then: the test bed's daemon uses cgroup.freeze unless a test asks for sched_ext.
-sed -i 's/^domain = "host"$/domain = "host"\ngate = "freeze"/' /etc/execgate/config.toml
+# bcc probes compile for ~25 s under TCG at every daemon start: off, but where a test asks.
+sed -i 's/^domain = "host"$/domain = "host"\ngate = "freeze"/; s/^probes = .*/probes = false/' \
+    /etc/execgate/config.toml
 grep -q '^gate = "freeze"' /etc/execgate/config.toml || { echo "test-bed config edit failed"; exit 1; }
+grep -q '^probes = false' /etc/execgate/config.toml || { echo "test-bed config edit failed"; exit 1; }
 systemctl restart execgated
 
 export EXECGATE_SRC=$PWD/src EXECGATE_WHEELS=$PWD/wheels EXECGATE_RESULTS=$res
