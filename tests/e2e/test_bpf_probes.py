@@ -4,6 +4,7 @@ timestamp, running calls show page-fault counts, and the daemon runs the same wi
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -40,12 +41,15 @@ def _note(name: str, data: Any) -> None:
         f.write(json.dumps(data) + "\n")
 
 
+_backups = itertools.count()
+
+
 @contextlib.contextmanager
 def probes_set(value: str) -> Iterator[None]:
     """The daemon restarted with `[daemon] probes = value`; config and daemon restored after.
     (The test bed runs with probes off: bcc's ~25 s compile under TCG at every restart would
     load the other tests.)"""
-    backup = CONFIG + ".probes"
+    backup = f"{CONFIG}.probes-{next(_backups)}"  # these nest: the module's, then a test's
     shutil.copy(CONFIG, backup)
     try:
         with open(CONFIG) as f:
