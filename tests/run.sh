@@ -38,8 +38,17 @@ vm_rc=0
 if [[ $unit_only == 0 ]]; then
     echo "[tests] end-to-end tests (VM)"
     # Under TCG the suite takes most of an hour; CI allows 90 minutes in all.
-    EXECGATE_VM_TIMEOUT=${EXECGATE_VM_TIMEOUT:-4200} tests/vm/run.sh test results/vm-test
-    vm_rc=$?
+    for attempt in 1 2; do
+        EXECGATE_VM_TIMEOUT=${EXECGATE_VM_TIMEOUT:-4200} tests/vm/run.sh test results/vm-test
+        vm_rc=$?
+        # Multi-threaded TCG now and then breaks the kernel's own text patching (an int3 oops
+        # while sched_ext is loaded or unloaded): a test-bed crash, not a test result. The
+        # whole suite runs once more; anything else, a failing test above all, counts as is.
+        [[ $vm_rc == 125 && $attempt == 1 ]] || break
+        grep -q "Oops: int3" results/vm-test/serial.log 2>/dev/null || break
+        cp results/vm-test/serial.log results/vm-oops-serial.log
+        echo "[tests] the VM's kernel oopsed on an int3 (TCG text patching): running the suite again"
+    done
     if [[ -f results/vm-test/console.log ]]; then
         sed -n '/=== \[vm\] end-to-end tests/,$p' results/vm-test/console.log | tail -n 120
     else
