@@ -29,6 +29,7 @@ HEALTH_EVERY_S = 1.0
 
 
 MiB = 1 << 20
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")  # the probes count faults, the controller bytes
 
 
 def _mib_s(bps: float | None) -> str:
@@ -162,8 +163,11 @@ class GrowthGate:
                     self.tracked[cid] = Tracked(call.cgroup, os.stat(call.cgroup).st_ino)
                 except OSError:
                     continue
+            faults = call.extra.get("faults")  # the bcc probes' counters, when they run
             samples.append(Sample(cid, call.last_mem + swap, cpu, call.info.declared_bytes,
-                                  call.admitted_at))
+                                  call.admitted_at,
+                                  fault_bytes=None if faults is None
+                                  else faults["count"] * PAGE_SIZE))
         decision = self.controller.update(samples, pressure, mem_available, budget)
         self.last = decision
         if self.actuator is not None:
@@ -200,7 +204,9 @@ class GrowthGate:
             t = self.tracked.get(cid)
             mem = v2.read_int(t.cgroup, "memory.current") if t else None
             parts.append(f"{cid} {'allow' if c.allow else 'DENY'}/{c.reason}/{c.state} "
-                         f"g {_mib_s(c.growth_bps)} d {c.demand_bytes / MiB:.0f} "
+                         f"g {_mib_s(c.growth_bps)}"
+                         f"{f' faults {_mib_s(c.burst_bps)}' if c.burst_bps else ''}"
+                         f" d {c.demand_bytes / MiB:.0f} "
                          f"m {(mem or 0) / MiB:.0f} held {c.held_s:.1f}"
                          f"{' frozen' if t and _frozen(t.cgroup) else ''}")
         if self.actuator is not None and self.actuator.kind == "sched_ext":

@@ -8,8 +8,9 @@ tracepoint) the daemon logs why and runs without them. Every control period :met
 * indexes the cgroup ids of running calls (id = inode of the cgroup directory), remembered
   after the call ends so a kill seen late is still attributed;
 * reads the calls' fault counters: ``LiveCall.extra["faults"]`` = {count, rate (faults/s over
-  the period), peak_10ms} — the hook for the growth controller (a fault burst is growth
-  evidence even in an interval whose memory/CPU samples say little);
+  the period), peak_10ms}; the growth gate takes the count into its samples (a call whose
+  footprint grows projects at least its fault rate: the EWMA lags a burst's onset, the
+  counters do not);
 * drains OOM kills, attributes each to (container, sandbox, call) by its cgroup path, and
   publishes an ``oom_kill`` event, keeps a count per sandbox and appends a JSON line to
   ``[daemon] oom_record`` (µs wall-clock and kernel timestamps).

@@ -31,6 +31,9 @@ included: there is nothing to protect.
 States and transitions (the base state is a pure function of ĝ; only the pause is sticky):
 
 * no valid sample yet: rate is taken as d_boot / horizon (16 MiB/s by default) -> Growing;
+* with the bcc probes, an interval in which the footprint grew also yields the rate at which the
+  call faulted pages in; it is a floor under ĝ for the projection (the EWMA needs periods to
+  catch up with a burst's onset, the fault counters see it in the first one);
 * ĝ > +threshold -> Growing; |ĝ| ≤ threshold -> Resident; ĝ < -threshold -> Cooling;
 * Growing --denied--> PausedGrowing. Samples taken while denied are invalid (a parked call gets no
   CPU; what little it gets, entering the freezer or finishing a slice, says nothing about its
@@ -164,6 +167,8 @@ class Sample:
     ``memory_bytes`` is the footprint (memory.current + memory.swap.current), ``cpu_usec`` is
     cpu.stat usage_usec. ``started_at`` and ``sampled_at`` are on the controller's clock;
     ``sampled_at`` defaults to the time of the update() that receives the sample.
+    ``fault_bytes`` is the cgroup's cumulative page faults times the page size, when the bcc
+    probes count them (None without probes).
     """
 
     call_id: str
@@ -172,6 +177,7 @@ class Sample:
     declared_bytes: int | None = None
     started_at: float = 0.0
     sampled_at: float | None = None
+    fault_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,7 @@ class CallDecision:
     state: CallState
     growth_bps: float | None  # ĝ; None until the first valid sample
     demand_bytes: int  # d over the horizon (d_boot until the first valid sample)
+    burst_bps: float  # fault rate of the last valid interval in which it grew (0: none seen)
     overdue: bool  # checked first because denied >= D_max
     forced: bool  # allowed by the hold cap, whatever the pressure
     denied_for_s: float  # length of the current denial episode before this decision
@@ -257,6 +264,8 @@ class _Call:
     last_cpu: int
     last_sampled: float
     growth: float | None = None
+    last_faults: int | None = None
+    burst: float = 0.0  # fault-rate evidence of the last valid interval (bytes/s; 0 = none)
     valid_samples: int = 0
     invalid_samples: int = 0
     # The published permission. New cgroups are not in the deny map, so they start allowed.
@@ -282,6 +291,17 @@ def _within_declaration(demand: int, s: Sample) -> int:
     if declared is None or declared <= 0 or s.memory_bytes >= declared:
         return demand
     return min(demand, declared - s.memory_bytes)
+
+
+def _burst_rate(grown: int, faults_before: int | None, faults_now: int | None,
+                dt: float) -> float:
+    """Fault evidence of one valid interval (bytes/s): how fast the call touched new pages, when
+    its footprint grew. Faults count what was allocated *between* the two samples, including
+    memory the endpoints miss (freed again, or still arriving); an interval whose footprint did
+    not grow is churn (re-faulted cache, freed and re-used buffers) and says nothing."""
+    if grown <= 0 or faults_before is None or faults_now is None or dt <= 0:
+        return 0.0
+    return max(faults_now - faults_before, 0) / dt
 
 
 def headroom(mem_available: int, config: GrowthConfig, budget: int | None = None) -> int:
@@ -386,7 +406,7 @@ class GrowthController:
             else:
                 self._observe_sample(c, s, now)
             denied_for[cid] = self._accrue_hold(c, now)
-            c.state, c.demand = self._classify(c.growth, denied_for[cid])
+            c.state, c.demand = self._classify(c.growth, denied_for[cid], c.burst)
             c.demand = _within_declaration(c.demand, s)
 
         H = headroom(mem_available, cfg, budget)
@@ -411,6 +431,7 @@ class GrowthController:
                 state=c.state,
                 growth_bps=c.growth,
                 demand_bytes=c.demand,
+                burst_bps=c.burst,
                 overdue=cid in overdue,
                 forced=reason == Reason.HOLD_CAP,
                 denied_for_s=denied_for[cid],
@@ -460,6 +481,7 @@ class GrowthController:
             last_memory=s.memory_bytes,
             last_cpu=s.cpu_usec,
             last_sampled=t,
+            last_faults=s.fault_bytes,
         )
 
     def _observe_sample(self, c: _Call, s: Sample, now: float) -> None:
@@ -476,14 +498,17 @@ class GrowthController:
                        and c.last_sampled < c.readmitted_at + self.config.catchup_s)
         if (c.allowed and not c.perm_changed and not catching_up and s.cpu_usec > c.last_cpu
                 and dt > 0):
-            g = (s.memory_bytes - c.last_memory) / dt
+            grown = s.memory_bytes - c.last_memory
+            g = grown / dt
             a = self.config.ewma_alpha
             # Seeded with the first observation: starting from 0 would hide a fast grower.
             c.growth = g if c.growth is None else a * g + (1.0 - a) * c.growth
+            c.burst = _burst_rate(grown, c.last_faults, s.fault_bytes, dt)
             c.valid_samples += 1
         else:
             c.invalid_samples += 1
         c.last_memory, c.last_cpu, c.last_sampled = s.memory_bytes, s.cpu_usec, t
+        c.last_faults = s.fault_bytes
         c.last_seen = now
 
     def _accrue_hold(self, c: _Call, now: float) -> float:
@@ -497,17 +522,20 @@ class GrowthController:
         c.longest_hold_s = max(c.longest_hold_s, episode)
         return episode
 
-    def _classify(self, growth: float | None, held_for: float = 0.0) -> tuple[CallState, int]:
+    def _classify(self, growth: float | None, held_for: float = 0.0,
+                  burst: float = 0.0) -> tuple[CallState, int]:
         """State and projected demand. A call held for ``held_for`` seconds projects over the
         horizon *plus* its hold: work paced by the clock (timers, input that kept arriving)
-        catches up in one burst when released, so re-admitting it needs room for the backlog."""
+        catches up in one burst when released, so re-admitting it needs room for the backlog.
+        ``burst`` (fault evidence, see _burst_rate) is a floor under the rate: the EWMA needs
+        several periods to catch up with a burst's onset, the fault counters see it at once."""
         cfg = self.config
         if growth is None:
-            rate = cfg.boot_demand_bytes / cfg.horizon_s
-            demand = math.ceil(cfg.boot_demand_bytes * (1.0 + held_for / cfg.horizon_s))
+            rate = max(cfg.boot_demand_bytes / cfg.horizon_s, burst)
+            demand = math.ceil(rate * (cfg.horizon_s + held_for))
         else:
-            rate = growth
-            demand = math.ceil(max(growth, 0.0) * (cfg.horizon_s + held_for))
+            rate = max(growth, burst) if burst > 0 else growth
+            demand = math.ceil(max(rate, 0.0) * (cfg.horizon_s + held_for))
         if rate > cfg.growth_threshold_bps:
             return CallState.GROWING, demand
         if rate < -cfg.growth_threshold_bps:
@@ -665,6 +693,7 @@ class GrowthController:
                 "allowed": c.allowed,
                 "growth_bps": c.growth,
                 "demand_bytes": c.demand,
+                "burst_bps": c.burst,
                 "denied_for_s": episode,
                 "held_s": c.held_s,
                 "episodes": c.episodes,

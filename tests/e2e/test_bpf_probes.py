@@ -152,20 +152,29 @@ def test_oom_kill_attributed_to_sandbox_and_call(probes_on: dict[str, Any],
 
 def test_running_call_shows_page_faults(probes_on: dict[str, Any],
                                         containers: Containers) -> None:
+    """Fault counts per running call, and the growth gate takes them as growth evidence (a
+    ramp's fault rate is a floor under its projected demand)."""
     cid = containers.run()
     seen: dict[str, dict[str, Any]] = {}
-    with subprocess.Popen(["docker", "exec", cid, "memhog", "64", "6"]) as proc:
+    burst: dict[str, float] = {}
+    ramp = ["memload", "--peak-mib", "96", "--duration", "4", "--shape", "ramp"]
+    with subprocess.Popen(["docker", "exec", cid, *ramp]) as proc:
         while proc.poll() is None:
-            for call, f in probes()["faults"].items():
+            daemon = ctl_status()["daemon"]
+            for call, f in daemon["probes"]["faults"].items():
                 if f["count"] >= seen.get(call, {}).get("count", -1):
                     seen[call] = f
+            for call, g in (daemon["growth"]["calls"] or {}).items():
+                burst[call] = max(burst.get(call, 0.0), g.get("burst_bps", 0.0))
             time.sleep(0.3)
     assert proc.returncode == 0
     call = journal_for(cid)[-1]["call"]
-    _note("probes-faults.json", {"call": call, "faults": seen.get(call)})
+    _note("probes-faults.json", {"call": call, "faults": seen.get(call),
+                                 "burst_bps": burst.get(call)})
     assert call in seen, seen
-    # 64 MiB touched page by page (THP, if on, makes far fewer faults)
+    # 96 MiB touched page by page (THP, if on, makes far fewer faults)
     assert seen[call]["count"] > 0, seen[call]
+    assert burst.get(call, 0.0) > 0, burst
 
 
 def test_daemon_runs_with_probes_off(containers: Containers) -> None:

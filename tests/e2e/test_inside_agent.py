@@ -23,9 +23,12 @@ from conftest import (
     STATE_DIR,
     Containers,
     container_cgroup,
+    daemon_up,
+    docker,
     init_pid,
     inspect,
     journal_for,
+    systemctl,
     tool_cgroups,
     wait_for,
 )
@@ -111,16 +114,6 @@ def set_key(text: str, table: str, key: str, value: str) -> str:
     else:
         lines.insert(header + 1, f"{key} = {value}")
     return "\n".join(lines) + "\n"
-
-
-def systemctl(*args: str) -> None:
-    subprocess.run(["systemctl", *args], check=True, timeout=60)
-
-
-def daemon_up() -> bool:
-    p = subprocess.run(["execgatectl", "status", "--json"], capture_output=True, text=True,
-                       timeout=30)
-    return p.returncode == 0 and json.loads(p.stdout)["source"].startswith("execgated pid")
 
 
 def test_children_become_calls_with_hints(containers: Containers) -> None:
@@ -258,6 +251,43 @@ def _results(cids: list[str], timeout: float) -> list[str]:
             out.append(rc.strip())
         return out
     return wait_for(rcs, timeout=timeout, interval=1, what="every agent's call")
+
+
+def test_admission_across_sandboxes_prevents_oom(domain: Containers) -> None:
+    # Plain runc: the burst overruns the slice and the kernel kills.
+    cids = _burst(domain, "runc")
+    _go(cids)
+    eager = _results(cids, 300)
+    assert any(r != "0" for r in eager), eager
+    docker("rm", "-f", *cids)
+    domain.ids.clear()
+    # execgate with inside agents: every call runs to the end, none is killed. Calls that
+    # arrive together are admitted by their capped demand (a declaration counts at most 1/8 of
+    # the domain) and paced by the growth gate as they grow, or wait at admission when the
+    # domain is already under pressure: either way some are delayed.
+    cids = _burst(domain, "execgate")
+    systemctl("restart", "execgated")
+    wait_for(daemon_up, what="execgated")
+    time.sleep(1)  # the restarted daemon reads the records of the running agents
+    _go(cids)
+    gated = _results(cids, 600)
+    assert gated == ["0"] * N_BOXES, gated
+    entries = [e for cid in cids for e in inside_entries(cid)]
+    runs = [e for e in entries if e["argv"][0] in ("sh", "memhog")]
+    assert len(runs) == N_BOXES and not any(e["oom_killed"] for e in runs)
+    delays = [e["waited_s"] + e["held_s"] for e in runs]
+    assert max(delays) > 1.0, [(e["waited_s"], e["held_s"]) for e in runs]
+    assert all(e["hint"]["memory_bytes"] == (CALL_MIB + 20) << 20 for e in runs)
+    report("admission_across_sandboxes", {
+        "eager": eager, "gated": gated,
+        "waited_s": [e["waited_s"] for e in runs],
+        "held_s": [e["held_s"] for e in runs],
+        "rss_before_bytes": [e["inside"]["rss_before_bytes"] for e in runs],
+        "anon_before_bytes": [e["inside"]["anon_before_bytes"] for e in runs],
+        "memory_after_move": [e["inside"]["memory_after_move"] for e in runs],
+        "placement_us": [e["inside"]["placement_us"] for e in runs],
+        "move_us": [e["inside"]["move_us"] for e in runs],
+    })
 
 
 def test_held_calls_run_when_the_daemon_dies(domain: Containers) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from execgate.bpf.gate import FreezeGate
-from execgate.daemon.growth import GrowthGate
+from execgate.daemon.growth import PAGE_SIZE, GrowthGate
 from execgate.policy.estimate import CallInfo
 from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure_state import Pressure
@@ -21,6 +22,7 @@ class Call:
     admitted_at: float
     last_mem: int = 0
     seen: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Clock:
@@ -96,3 +98,19 @@ def test_green_allows_everything(tmp_path: Path) -> None:
         gg.update(calls, Pressure.GREEN, 8 << 30)
     assert (d / "cgroup.freeze").read_text().strip() == "0"
     assert gg.outcome("tool-a")["held_s"] == 0.0
+
+
+def test_probe_fault_counts_reach_the_controller_as_bytes(tmp_path: Path) -> None:
+    clock = Clock()
+    gg = GrowthGate(GrowthConfig(), "freeze", clock)
+    d = _cg(tmp_path, "tool-a")
+    call = Call(CallInfo("tool-a", "s", ["x"]), str(d), clock.t)
+    for i, pages in enumerate((0, 1000, 51_000)):
+        clock.t += 0.5
+        call.last_mem = 100 * MiB + i * MiB
+        call.extra["faults"] = {"count": pages, "rate": 0.0, "peak_10ms": 0}
+        (d / "cpu.stat").write_text(f"usage_usec {(i + 1) * 50_000}\n")
+        gg.update({"tool-a": call}, Pressure.GREEN, 8 << 30)
+    c = gg.last.calls["tool-a"]
+    assert c.burst_bps == 50_000 * PAGE_SIZE / 0.5  # grew 1 MiB, faulted 50,000 pages
+    assert c.demand_bytes == 50_000 * PAGE_SIZE * 2

@@ -171,6 +171,57 @@ def test_ewma_hand_computed() -> None:
     assert [x.calls["c"].demand_bytes for x in d][1:3] == [10 * MiB, math.ceil(7.9 * MiB)]
 
 
+def _fed(points: list[tuple[float, int, int, int | None]]) -> list[GateDecision]:
+    """One call's (t, memory, cpu, cumulative fault bytes) points in green."""
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(), clock)
+    out = []
+    for t, mem, cpu, faults in points:
+        clock.t = t
+        out.append(ctl.update([Sample("c", mem, cpu, fault_bytes=faults)], G, BIG))
+    return out
+
+
+def test_fault_burst_sets_the_rate_at_onset() -> None:
+    # Resident for a while, then a burst: the endpoints see +20 MiB in 0.5 s (40 MiB/s; the
+    # EWMA moves to 0.35*40 = 14 MiB/s), but 120 MiB were faulted in between (touched and
+    # partly freed again): the demand follows the faults at once.
+    d = _fed([(0.0, 100 * MiB, 0, 0), (0.5, 100 * MiB, 100, 4 * MiB),
+              (1.0, 120 * MiB, 200, 124 * MiB)])
+    assert d[1].calls["c"].burst_bps == 0.0  # no growth: the 4 MiB of faults are churn
+    assert d[1].calls["c"].state == CallState.RESIDENT
+    c = d[2].calls["c"]
+    assert c.growth_bps == pytest.approx(14 * MiB)
+    assert c.burst_bps == pytest.approx(240 * MiB)
+    assert c.state == CallState.GROWING
+    assert c.demand_bytes == 240 * MiB  # rate x horizon (1 s), from the faults
+
+
+def test_faults_without_growth_are_churn() -> None:
+    d = _fed([(0.0, 100 * MiB, 0, 0), (0.5, 100 * MiB, 100, 200 * MiB),
+              (1.0, 90 * MiB, 200, 400 * MiB)])
+    for x in d[1:]:
+        assert x.calls["c"].burst_bps == 0.0
+    assert d[2].calls["c"].state == CallState.COOLING
+    assert d[2].calls["c"].demand_bytes == 0
+
+
+def test_without_probes_the_memory_samples_decide_alone() -> None:
+    with_none = _fed([(0.0, 0, 0, None), (0.5, 5 * MiB, 100, None), (1.0, 7 * MiB, 200, None)])
+    assert [x.calls["c"].burst_bps for x in with_none] == [0.0, 0.0, 0.0]
+    assert with_none[2].calls["c"].demand_bytes == math.ceil(7.9 * MiB)
+    # fewer faults than growth (huge pages, memory charged without a fault each) never lowers ĝ
+    slow = _fed([(0.0, 0, 0, 0), (0.5, 5 * MiB, 100, 1 * MiB), (1.0, 7 * MiB, 200, 2 * MiB)])
+    assert slow[2].calls["c"].demand_bytes == math.ceil(7.9 * MiB)
+
+
+def test_faults_of_an_invalid_interval_are_not_evidence() -> None:
+    # no CPU time in the second interval: skipped, burst frozen at its last valid value
+    d = _fed([(0.0, 0, 0, 0), (0.5, 10 * MiB, 100, 10 * MiB), (1.0, 60 * MiB, 100, 500 * MiB)])
+    assert d[1].calls["c"].burst_bps == pytest.approx(20 * MiB)
+    assert d[2].calls["c"].burst_bps == pytest.approx(20 * MiB)
+
+
 def test_first_sample_uses_boot_demand() -> None:
     sim = Sim()
     sim.add("a", rate_mib=0)

@@ -37,8 +37,8 @@ PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/wheels ./src/install.sh 2>&1 | tee "$res/inst
 cp /etc/docker/daemon.json "$res/daemon.json.after"
 # TCG runs ~10x slower than hardware: give the runtime's daemon budget the same factor.
 sed -i 's/^daemon_timeout_ms = .*/daemon_timeout_ms = 2000/' /etc/execgate/config.toml
-# Loading and unloading sched_ext patches kernel text, which multi-threaded TCG oopses on now
-# and then: the test bed's daemon uses cgroup.freeze unless a test asks for sched_ext.
+# Loading and unloading sched_ext patches kernel text, which TCG has raced (an int3 oops, with
+# multi-threaded TCG): the test bed's daemon uses cgroup.freeze unless a test asks for sched_ext.
 # bcc probes compile for ~25 s under TCG at every daemon start: off, but where a test asks.
 sed -i 's/^domain = "host"$/domain = "host"\ngate = "freeze"/; s/^probes = .*/probes = false/' \
     /etc/execgate/config.toml
