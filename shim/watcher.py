@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import signal
 import struct
 import time
 from collections.abc import Callable
@@ -212,6 +213,16 @@ def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> tuple[int | Non
     return pid, chosen
 
 
+def _unreaped(pidfd: int | None) -> bool:
+    if pidfd is None:
+        return False
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except OSError:
+        return False
+    return True
+
+
 def _exit_status(pidfd: int | None, cgroup_id: int) -> int | None:
     """The exec's wait status as the kernel kept it (Linux >= 6.15), if it is our call's."""
     if pidfd is None:
@@ -356,9 +367,13 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     pid, exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
                                                           int(call.get("oom_score_adj") or 0)))
     os.close(runtime_pidfd)
-    if call.get("tty") and call.get("hold_exit", True) and stderr is not None and pid is not None:
+    if (call.get("tty") and call.get("hold_exit", True) and stderr is not None
+            and pid is not None and _unreaped(exec_pidfd)):
         from . import exithold
 
+        # The pidfd, taken while the call was in its cgroup, said the pid still is the call's
+        # (an unreaped process keeps its number): a reaped call's pid may be reused already,
+        # and tracing that would hold a stranger's exit.
         if exithold.seize(pid):
             _watch_held(call, pid, exec_pidfd, journal, log, stderr)
             return
