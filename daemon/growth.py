@@ -168,7 +168,11 @@ class GrowthGate:
                                   call.admitted_at,
                                   fault_bytes=None if faults is None
                                   else faults["count"] * PAGE_SIZE))
-        decision = self.controller.update(samples, pressure, mem_available, budget)
+        # Without an actuator (gate = "off", or none could load) nothing is held, so the
+        # controller decides as in green: no hold accrues to a call's record or its feedback,
+        # and no last resort fires (it is the gate's, and needs the red streak).
+        gated = pressure if self.actuator is not None else Pressure.GREEN
+        decision = self.controller.update(samples, gated, mem_available, budget)
         self.last = decision
         if self.actuator is not None:
             for cid, allow in decision.allow.items():

@@ -64,6 +64,28 @@ def test_growing_call_is_frozen_under_red_and_reported(tmp_path: Path) -> None:
         "a finished call's cgroup is released"
 
 
+def test_gate_off_holds_nothing_and_reports_no_hold(tmp_path: Path) -> None:
+    """With no actuator (gate = "off") the same red run records no hold: the journal and the
+    agent's feedback must not speak of a pause that never happened."""
+    clock = Clock()
+    gg = GrowthGate(GrowthConfig(), "off", clock)
+    gg.start()
+    assert gg.actuator is None
+    a = _cg(tmp_path, "tool-a")
+    (a / "cgroup.kill").write_text("")
+    calls = {"tool-a": Call(CallInfo("tool-a", "s", ["x"], declared_bytes=10 * MiB), str(a),
+                            clock.t)}
+    for i in range(1, 40):
+        clock.t += 0.1
+        calls["tool-a"].last_mem = i * 20 * MiB
+        (a / "cpu.stat").write_text(f"usage_usec {i * 50_000}\n")
+        gg.update(calls, Pressure.RED, (60 - i) * MiB, 512 * MiB)
+        assert gg.last.allow == {"tool-a": True}
+    assert (a / "cgroup.kill").read_text() == "", "no last resort without the gate"
+    out = gg.outcome("tool-a")
+    assert out["held_s"] == 0.0 and out["killed_by_execgate"] is False, out
+
+
 def test_last_resort_kills_the_worst_offender(tmp_path: Path) -> None:
     clock = Clock()
     gg = GrowthGate(GrowthConfig(), "freeze", clock)
