@@ -32,6 +32,17 @@ MiB = 1 << 20
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")  # the probes count faults, the controller bytes
 
 
+def _hpage_size() -> int:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2 * MiB
+
+
+HPAGE_SIZE = _hpage_size()
+
+
 def _mib_s(bps: float | None) -> str:
     return "-" if bps is None else f"{bps / MiB:+.1f} MiB/s"
 
@@ -163,11 +174,8 @@ class GrowthGate:
                     self.tracked[cid] = Tracked(call.cgroup, os.stat(call.cgroup).st_ino)
                 except OSError:
                     continue
-            faults = call.extra.get("faults")  # the bcc probes' counters, when they run
             samples.append(Sample(cid, call.last_mem + swap, cpu, call.info.declared_bytes,
-                                  call.admitted_at,
-                                  fault_bytes=None if faults is None
-                                  else faults["count"] * PAGE_SIZE))
+                                  call.admitted_at, fault_bytes=self._fault_bytes(call)))
         # Without an actuator (gate = "off", or none could load) nothing is held, so the
         # controller decides as in green: no hold accrues to a call's record or its feedback,
         # and no last resort fires (it is the gate's, and needs the red streak).
@@ -197,6 +205,17 @@ class GrowthGate:
         victim = self.controller.last_resort_victim(samples, mem_available)
         if victim is not None and victim.call_id not in self.killed:
             self._kill(victim)
+
+    def _fault_bytes(self, call: Any) -> int | None:
+        """What the call's page faults brought in, from the bcc probes' count (None without
+        them). A fault that allocated a transparent huge page brought in a whole one: the
+        cgroup's thp_fault_alloc says how many did, or a THP=always host would show a 96 MiB
+        ramp as a few hundred faults."""
+        faults = call.extra.get("faults")
+        if faults is None:
+            return None
+        thp = self.files.read_key(call.cgroup, "memory.stat", "thp_fault_alloc") or 0
+        return faults["count"] * PAGE_SIZE + thp * (HPAGE_SIZE - PAGE_SIZE)
 
     def _describe(self, decision: Any, mem_available: int) -> str:
         """One period in one line (debug log): pressure, b, H, then per call the verdict,

@@ -233,8 +233,11 @@ def _burst(containers: Containers, runtime: str) -> list[str]:
 
 
 def _go(cids: list[str]) -> None:
-    for cid in cids:
-        with open(f"/proc/{init_pid(cid)}/root/tmp/go", "w") as f:
+    """Start every agent's call at once: the pids first (docker inspect takes a second or two
+    under TCG; spread over the fifos it would stagger the calls until they no longer overlap)."""
+    fifos = [f"/proc/{init_pid(cid)}/root/tmp/go" for cid in cids]
+    for fifo in fifos:
+        with open(fifo, "w") as f:
             f.write("go\n")
 
 

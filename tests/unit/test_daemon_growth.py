@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from execgate.bpf.gate import FreezeGate
-from execgate.daemon.growth import PAGE_SIZE, GrowthGate
+from execgate.daemon.growth import HPAGE_SIZE, PAGE_SIZE, GrowthGate
 from execgate.policy.estimate import CallInfo
 from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure_state import Pressure
@@ -127,12 +127,16 @@ def test_probe_fault_counts_reach_the_controller_as_bytes(tmp_path: Path) -> Non
     gg = GrowthGate(GrowthConfig(), "freeze", clock)
     d = _cg(tmp_path, "tool-a")
     call = Call(CallInfo("tool-a", "s", ["x"]), str(d), clock.t)
-    for i, pages in enumerate((0, 1000, 51_000)):
+    for i, (pages, thp) in enumerate(((0, 0), (1000, 0), (51_000, 0), (51_010, 10))):
         clock.t += 0.5
         call.last_mem = 100 * MiB + i * MiB
         call.extra["faults"] = {"count": pages, "rate": 0.0, "peak_10ms": 0}
         (d / "cpu.stat").write_text(f"usage_usec {(i + 1) * 50_000}\n")
+        (d / "memory.stat").write_text(f"anon 1\nthp_fault_alloc {thp}\nthp_collapse_alloc 0\n")
         gg.update({"tool-a": call}, Pressure.GREEN, 8 << 30)
-    c = gg.last.calls["tool-a"]
-    assert c.burst_bps == 50_000 * PAGE_SIZE / 0.5  # grew 1 MiB, faulted 50,000 pages
-    assert c.demand_bytes == 50_000 * PAGE_SIZE * 2
+        c = gg.last.calls["tool-a"]
+        if i == 2:  # grew 1 MiB, faulted 50,000 pages
+            assert c.burst_bps == 50_000 * PAGE_SIZE / 0.5
+            assert c.demand_bytes == 50_000 * PAGE_SIZE * 2
+    # ten faults that each allocated a transparent huge page brought in ten of them
+    assert c.burst_bps == 10 * HPAGE_SIZE / 0.5
