@@ -5,9 +5,12 @@ pluggable interface (a learned predictor will replace the default); `HistoryEsti
 default, using in order:
 
 (a) the caller's declared hint D, corrected by the geometric mean of observed-peak / declared
-    ratios over the last k calls that declared: D' = D · GM(P_j / D_j) (ToolSched §3.2). The GM
-    is the right mean for ratios (a 2× over- and a 2× under-declaration cancel out), and each ratio
-    is clamped to [1/16, 16] so one absurd hint cannot poison the window. No history: factor 1.
+    ratios over the last k calls of the same sandbox that declared: D' = D · GM(P_j / D_j)
+    (ToolSched §3.2). The GM is the right mean for ratios (a 2× over- and a 2× under-declaration
+    cancel out), and each ratio is clamped to [1/16, 16] so one absurd hint cannot poison the
+    window. Per sandbox, because how well an agent declares is the agent's own: one that
+    over-declares must not discount a truthful neighbour's 2 GB into a co-admission that
+    OOM-kills. No history in the sandbox: factor 1.
 (b) otherwise the history of the same (sandbox, command class), then of the command class across
     sandboxes (ToolSched §3.3). We use the *recent max* of observed peaks over a short window
     (default 8 calls) rather than an EWMA: an under-estimate costs an OOM kill while an
@@ -363,35 +366,45 @@ class _History:
 
 
 @dataclass
+class _Ratios:
+    """log(observed / declared) of a sandbox's recent declared calls, peak and average."""
+
+    peaks: deque[float]
+    avgs: deque[float]
+
+
+@dataclass
 class HistoryEstimator:
-    """Declared-hint GM correction, then (sandbox, class) / class history, then class defaults."""
+    """Declared-hint GM correction (per sandbox), then (sandbox, class) / class history, then
+    class defaults."""
 
     config: EstimateConfig = field(default_factory=EstimateConfig)
 
     def __post_init__(self) -> None:
-        k = self.config.declared_window
-        # log(observed / declared) of the last k declared calls, for peak and average.
-        self._peak_logs: deque[float] = deque(maxlen=k)
-        self._avg_logs: deque[float] = deque(maxlen=k)
+        # Per sandbox: log(observed / declared) of its last k declared calls, peak and average.
+        self._declared: dict[str, _Ratios] = {}
         self._by_sandbox: dict[tuple[str, str], _History] = {}
         self._by_class: dict[str, _History] = {}
 
     # -- correction factors ------------------------------------------------------------------
 
-    def peak_correction(self) -> float:
-        """GM(P_j / D_j) over the window; 1 with no history (ToolSched §3.2)."""
-        if not self._peak_logs:
+    def peak_correction(self, sandbox: str) -> float:
+        """GM(P_j / D_j) over the sandbox's window; 1 with no history (ToolSched §3.2)."""
+        logs = self._declared.get(sandbox)
+        if logs is None or not logs.peaks:
             return 1.0
-        return math.exp(math.fsum(self._peak_logs) / len(self._peak_logs))
+        return math.exp(math.fsum(logs.peaks) / len(logs.peaks))
 
-    def avg_correction(self) -> float:
+    def avg_correction(self, sandbox: str) -> float:
         """GM(avg_j / D_j); avg_fraction with no history (a declared hint is a peak)."""
-        if not self._avg_logs:
+        logs = self._declared.get(sandbox)
+        if logs is None or not logs.avgs:
             return self.config.avg_fraction
-        return math.exp(math.fsum(self._avg_logs) / len(self._avg_logs))
+        return math.exp(math.fsum(logs.avgs) / len(logs.avgs))
 
-    def declared_window_len(self) -> int:
-        return len(self._peak_logs)
+    def declared_window_len(self, sandbox: str) -> int:
+        logs = self._declared.get(sandbox)
+        return 0 if logs is None else len(logs.peaks)
 
     # -- Estimator ---------------------------------------------------------------------------
 
@@ -399,8 +412,8 @@ class HistoryEstimator:
         cfg = self.config
         declared = call.declared_bytes
         if declared is not None and declared > 0:
-            peak = round(declared * self.peak_correction())
-            avg = min(round(declared * self.avg_correction()), peak)
+            peak = round(declared * self.peak_correction(call.sandbox))
+            avg = min(round(declared * self.avg_correction(call.sandbox)), peak)
             return Demand(avg, peak, "declared")
         cls = classify_command(call.argv)
         for kind, hist in (
@@ -423,8 +436,12 @@ class HistoryEstimator:
         declared = call.declared_bytes
         if declared is not None and declared > 0:
             lo, hi = 1.0 / cfg.ratio_clamp, cfg.ratio_clamp
-            self._peak_logs.append(math.log(_clamp(peak / declared, lo, hi)))
-            self._avg_logs.append(math.log(_clamp(avg / declared, lo, hi)))
+            logs = self._declared.get(call.sandbox)
+            if logs is None:
+                k = cfg.declared_window
+                logs = self._declared[call.sandbox] = _Ratios(deque(maxlen=k), deque(maxlen=k))
+            logs.peaks.append(math.log(_clamp(peak / declared, lo, hi)))
+            logs.avgs.append(math.log(_clamp(avg / declared, lo, hi)))
         cls = classify_command(call.argv)
         for store, key in ((self._by_sandbox, (call.sandbox, cls)), (self._by_class, cls)):
             hist = store.get(key)
@@ -436,5 +453,6 @@ class HistoryEstimator:
 
     def forget_sandbox(self, sandbox: str) -> None:
         """Drop a removed sandbox's history (keeps memory bounded by live sandboxes)."""
+        self._declared.pop(sandbox, None)
         for key in [k for k in self._by_sandbox if k[0] == sandbox]:
             del self._by_sandbox[key]

@@ -115,7 +115,7 @@ def test_declared_without_history_uses_factor_one() -> None:
     est = HistoryEstimator()
     d = est.estimate(call(declared=400 * MiB))
     assert d == Demand(avg_bytes=100 * MiB, peak_bytes=400 * MiB, source="declared")
-    assert est.peak_correction() == 1.0
+    assert est.peak_correction("sb") == 1.0
 
 
 def test_declared_gm_correction_hand_computed() -> None:
@@ -123,8 +123,8 @@ def test_declared_gm_correction_hand_computed() -> None:
     # Ratios observed/declared 2 and 8: GM = sqrt(16) = 4.
     est.observe(call(declared=100 * MiB), outcome(200 * MiB, 50 * MiB))  # avg ratio 1/2
     est.observe(call(declared=50 * MiB), outcome(400 * MiB, 25 * MiB / 4))  # avg ratio 1/8
-    assert est.peak_correction() == pytest.approx(4.0)
-    assert est.avg_correction() == pytest.approx(0.25)  # sqrt(1/16)
+    assert est.peak_correction("sb") == pytest.approx(4.0)
+    assert est.avg_correction("sb") == pytest.approx(0.25)  # sqrt(1/16)
     d = est.estimate(call(declared=100 * MiB))
     assert d.peak_bytes == 400 * MiB
     assert d.avg_bytes == 25 * MiB
@@ -135,7 +135,7 @@ def test_declared_gm_three_ratios_and_under_declaration() -> None:
     est = HistoryEstimator()
     for ratio in (0.25, 4.0, 4.0):  # GM = (0.25 * 4 * 4) ** (1/3) = 4 ** (1/3)
         est.observe(call(declared=64 * MiB), outcome(int(64 * MiB * ratio)))
-    assert est.peak_correction() == pytest.approx(4 ** (1 / 3))
+    assert est.peak_correction("sb") == pytest.approx(4 ** (1 / 3))
     assert est.estimate(call(declared=3 * MiB)).peak_bytes == round(3 * MiB * 4 ** (1 / 3))
 
 
@@ -143,10 +143,10 @@ def test_ratios_are_clamped() -> None:
     est = HistoryEstimator()
     est.observe(call(declared=MiB), outcome(64 * MiB))  # ratio 64 -> 16
     est.observe(call(declared=MiB), outcome(MiB))  # ratio 1
-    assert est.peak_correction() == pytest.approx(4.0)  # sqrt(16 * 1)
+    assert est.peak_correction("sb") == pytest.approx(4.0)  # sqrt(16 * 1)
     est2 = HistoryEstimator()
     est2.observe(call(declared=64 * MiB), outcome(0, 0))  # ratio 0 -> 1/16 (and no log(0))
-    assert est2.peak_correction() == pytest.approx(1 / 16)
+    assert est2.peak_correction("sb") == pytest.approx(1 / 16)
 
 
 def test_gm_window_evicts_oldest_default_k_256() -> None:
@@ -154,31 +154,44 @@ def test_gm_window_evicts_oldest_default_k_256() -> None:
     assert est.config.declared_window == 256
     for _ in range(256):
         est.observe(call(declared=MiB), outcome(2 * MiB))
-    assert est.peak_correction() == pytest.approx(2.0)
+    assert est.peak_correction("sb") == pytest.approx(2.0)
     for _ in range(128):
         est.observe(call(declared=MiB), outcome(8 * MiB))
     # Window: 128 x 2 and 128 x 8 -> GM = sqrt(2 * 8) = 4.
-    assert est.declared_window_len() == 256
-    assert est.peak_correction() == pytest.approx(4.0)
+    assert est.declared_window_len("sb") == 256
+    assert est.peak_correction("sb") == pytest.approx(4.0)
     for _ in range(128):
         est.observe(call(declared=MiB), outcome(8 * MiB))
-    assert est.peak_correction() == pytest.approx(8.0)  # every 2 evicted
+    assert est.peak_correction("sb") == pytest.approx(8.0)  # every 2 evicted
 
 
 def test_gm_window_small_k() -> None:
     est = HistoryEstimator(EstimateConfig(declared_window=4))
     for peak in (16, 16, 1, 1):
         est.observe(call(declared=MiB), outcome(peak * MiB))
-    assert est.peak_correction() == pytest.approx(4.0)  # (16*16*1*1) ** (1/4)
+    assert est.peak_correction("sb") == pytest.approx(4.0)  # (16*16*1*1) ** (1/4)
     est.observe(call(declared=MiB), outcome(MiB))
     est.observe(call(declared=MiB), outcome(MiB))
-    assert est.peak_correction() == pytest.approx(1.0)
+    assert est.peak_correction("sb") == pytest.approx(1.0)
+
+
+def test_correction_is_per_sandbox() -> None:
+    """An agent that over-declares (300 MiB for a 1 MiB call) is corrected; its neighbour's
+    truthful 220 MiB is not discounted into a co-admission."""
+    est = HistoryEstimator()
+    for _ in range(3):
+        est.observe(call(declared=300 * MiB, sandbox="sloppy"), outcome(MiB))
+    assert est.peak_correction("sloppy") == pytest.approx(1 / 16)
+    assert est.estimate(call(declared=220 * MiB, sandbox="sloppy")).peak_bytes < 14 * MiB
+    assert est.estimate(call(declared=220 * MiB, sandbox="honest")).peak_bytes == 220 * MiB
+    est.forget_sandbox("sloppy")
+    assert est.declared_window_len("sloppy") == 0
 
 
 def test_oom_killed_peak_is_inflated() -> None:
     est = HistoryEstimator()
     est.observe(call(declared=100 * MiB), outcome(100 * MiB, oom=True))
-    assert est.peak_correction() == pytest.approx(2.0)
+    assert est.peak_correction("sb") == pytest.approx(2.0)
     est.observe(call(["make"]), outcome(300 * MiB, 100 * MiB, oom=True))
     assert est.estimate(call(["make"])).peak_bytes == 600 * MiB
 
@@ -245,7 +258,7 @@ def test_zero_declared_is_no_hint_and_forget_sandbox() -> None:
     est = HistoryEstimator()
     c = call(["make"], declared=0)
     est.observe(c, outcome(100 * MiB))
-    assert est.declared_window_len() == 0
+    assert est.declared_window_len("sb") == 0
     assert est.estimate(c).source == "sandbox-history:build_install"
     est.forget_sandbox("sb")
     assert est.estimate(c).source == "class-history:build_install"
