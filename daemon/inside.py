@@ -165,12 +165,31 @@ def opted_in(record: dict[str, Any], default: bool) -> bool:
 
 # -- /proc and cgroupfs helpers ------------------------------------------------------------------
 
-def ppid(pid: int) -> int | None:
+def _stat_field(pid: int, index: int) -> int | None:
+    """A numeric field of /proc/PID/stat, counted after the command name (0: state)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[1])
+        return int(data[data.rindex(b")") + 2:].split()[index])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def ppid(pid: int) -> int | None:
+    return _stat_field(pid, 1)
+
+
+def started_ns(pid: int) -> int:
+    """When pid started, on CLOCK_MONOTONIC as near as /proc tells (0 if unknown)."""
+    ticks = _stat_field(pid, 19)
+    return 0 if ticks is None else ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def cgroup_path(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return f.read().strip()
+    except OSError:
         return None
 
 
@@ -582,11 +601,22 @@ class InsideAgents:
 
     def _pend_children(self, box: Box, agent: int) -> None:
         """Children an agent forked before we listened: those that have not exec'd yet (their
-        command line is still the agent's) are pending; exec'd ones are left alone."""
+        command line is still the agent's) are pending; those that have, still beside the agent,
+        are calls that started before we listened (an agent's first commands, or a burst of
+        lost events) and are placed now, late rather than never."""
         mine = _nul_list(f"/proc/{agent}/cmdline")
+        home = cgroup_path(agent)
         for child in children(agent):
-            if child not in self.by_pid and _nul_list(f"/proc/{child}/cmdline") == mine:
+            if child in self.by_pid:
+                continue
+            if _nul_list(f"/proc/{child}/cmdline") == mine:
                 self.tracker.fork(agent, child, child, time.monotonic_ns())
+            elif home is not None and cgroup_path(child) == home:
+                try:
+                    self._place(Match("call", child, agent, box.cid, started_ns(child)), box)
+                except Exception:  # a bug here must not stop the scan
+                    self.stats["failed"] += 1
+                    log.exception("inside agents: placing %d late failed", child)
 
     # -- events --------------------------------------------------------------------------------
 

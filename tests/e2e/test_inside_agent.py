@@ -118,8 +118,9 @@ def set_key(text: str, table: str, key: str, value: str) -> str:
 
 def test_children_become_calls_with_hints(containers: Containers) -> None:
     # Each child first sleeps: placement is asynchronous (a few ms after exec, far more under
-    # TCG), and what a child does before it is placed happens in the agent's cgroup.
-    cid = agent(containers, 'sleep 1; for i in 1 2 3; do AGENT_RESOURCE_HINT=memory:300m '
+    # TCG), and what a child does before it is placed happens in the agent's cgroup. The first
+    # command may start before the daemon knows the container: it is placed late, not missed.
+    cid = agent(containers, 'sleep 3; for i in 1 2 3; do AGENT_RESOURCE_HINT=memory:300m '
                 'sh -c "sleep 1; cat /proc/self/cgroup > /tmp/cg.$i"; '
                 'done; echo ok > /tmp/done; exec sleep 1000')
     # Docker passes --annotation into the bundle; execgate's record keeps it.
@@ -141,6 +142,7 @@ def test_children_become_calls_with_hints(containers: Containers) -> None:
                        timeout=60, what="journal entries")
     hinted = [e for e in entries if e.get("hint")]
     assert len(hinted) == 3
+    assert [e["argv"] for e in entries if not e.get("hint")] == [["sleep", "3"]], entries
     assert all(e["hint"]["memory_bytes"] == 300 << 20 for e in hinted)
     assert all(e["argv"][:2] == ["sh", "-c"] and e["exit_code"] == 0 for e in hinted)
     assert all(e["inside"]["agent_pid"] == pid and e["managed"] for e in hinted)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -78,6 +79,12 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued"
 
     monkeypatch.setattr(inside.proc_events, "ProcConnector", FakeConnector)
     monkeypatch.setattr(inside.v2, "move", move)
+    # This test process plays the agent; what it already runs (a multiprocessing forkserver
+    # left by other tests) is not the agent's: only what a test spawns counts.
+    pre = set(inside.children(os.getpid()))
+    real_children = inside.children
+    monkeypatch.setattr(inside, "children", lambda pid: [c for c in real_children(pid)
+                                                         if c not in pre])
     return inside.InsideAgents(cfg, s, Engine(cfg, s)), cg, moves
 
 
@@ -130,6 +137,27 @@ def test_a_child_is_placed_admitted_and_journaled(tmp_path: Path,
     assert entry["container"] == "box" and entry["exit_code"] == 0 and entry["managed"]
     assert entry["inside"]["pid"] and entry["inside"]["agent_pid"] == os.getpid()
     assert entry["hint"]["memory_bytes"] == 300 * MiB
+
+
+def test_a_command_started_before_the_daemon_listened_is_placed_late(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, moves = _setup(tmp_path, monkeypatch)
+    early = subprocess.Popen(["sleep", "2"])  # exec'd before the daemon knows the box
+    while Path(f"/proc/{early.pid}/cmdline").read_bytes() != b"sleep\x002\x00":
+        time.sleep(0.001)
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            assert [p for p, _ in moves] == [early.pid]
+            [call] = agents.calls.values()
+            assert call.call["argv"] == ["sleep", "2"] and call.call["inside"]["placement_us"] > 0
+        finally:
+            agents.stop()
+            early.kill()
+            early.wait()
+
+    asyncio.run(scenario())
 
 
 def test_unrelated_and_grandchildren_are_untouched(tmp_path: Path,
