@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from execgate.common.commands import ASSIGNMENT, NODE_PMS, PYTHON, RUNNERS, SHELLS
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -139,7 +141,6 @@ class EstimateConfig:
 # ---------------------------------------------------------------------------------------------
 # Command classes
 
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh", "mksh"})
 # Reading, searching and small file operations; shell builtins (so `cd x && cmd` is `cmd`).
 _LIGHT = frozenset[str]().union(
     {"grep", "egrep", "fgrep", "rg", "ag", "ls", "cat", "find", "fd", "head", "tail", "sed", "awk"},
@@ -157,16 +158,12 @@ _COMPILERS = re.compile(
 )
 _MAKE = frozenset({"make", "gmake", "bmake", "ninja"})
 _BUILD_TOOLS = frozenset({"mvn", "gradle", "gradlew", "bazel", "bazelisk", "dotnet"})
-_PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)?)?")
 _PIP = re.compile(r"pip(\d+(\.\d+)?)?")
 _PKG_MANAGERS = frozenset(
     {"apt", "apt-get", "aptitude", "yum", "dnf", "apk", "zypper", "conda", "mamba", "gem", "brew"}
 )
 _INSTALL_VERBS = frozenset({"install", "add", "upgrade", "update", "build", "sync", "download"})
-_NODE_PMS = frozenset({"npm", "pnpm", "yarn", "bun"})
 _NPX = frozenset({"npx", "pnpx", "bunx"})
-_RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch"})  # `<tool> run cmd …`
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 _SEPARATOR_CHARS = frozenset(";&|()\n")
 _MAX_DEPTH = 8
 
@@ -229,7 +226,7 @@ def _classify_simple(argv: Sequence[str], depth: int) -> str:
     """Classify one simple command, unwrapping transparent prefixes first."""
     args = list(argv)
     while True:
-        while args and _ASSIGNMENT.fullmatch(args[0]):
+        while args and ASSIGNMENT.fullmatch(args[0]):
             args.pop(0)
         if not args:
             return LIGHT  # only assignments
@@ -246,9 +243,9 @@ def _classify_simple(argv: Sequence[str], depth: int) -> str:
         elif head in ("nohup", "time", "exec", "command", "stdbuf", "ionice", "builtin"):
             valued = frozenset({"-c", "-n", "-p"} if head == "ionice" else {"-a"})
             args = rest[_skip_options(rest, valued) :]
-        elif head in _RUNNERS and rest[:1] == ["run"]:
+        elif head in RUNNERS and rest[:1] == ["run"]:
             args = rest[1 + _skip_options(rest[1:], frozenset({"--with", "-p", "--python"})) :]
-        elif head in _SHELLS:
+        elif head in SHELLS:
             return _classify_shell(rest, depth)
         else:
             return _classify_command(head, rest)
@@ -281,7 +278,7 @@ def _classify_command(head: str, args: Sequence[str]) -> str:
     if head in _TEST_TOOLS:
         return TEST
     verb, vi = _first_operand(args)
-    if _PYTHON.fullmatch(head):
+    if PYTHON.fullmatch(head):
         if "-m" in args:
             j = args.index("-m")
             module = args[j + 1] if j + 1 < len(args) else ""
@@ -315,7 +312,7 @@ def _classify_command(head: str, args: Sequence[str]) -> str:
             return TEST
         build = ("build", "b", "install", "check", "c", "clippy", "doc", "run", "r", "fetch")
         return BUILD_INSTALL if verb in build else OTHER
-    if head in _NODE_PMS:
+    if head in NODE_PMS:
         if verb in ("test", "t", "tst"):
             return TEST
         if verb == "run":

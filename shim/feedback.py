@@ -19,6 +19,7 @@ import re
 import shlex
 from collections.abc import Iterator
 
+from execgate.common.commands import ASSIGNMENT, NODE_PMS, PYTHON, RUNNERS, SHELLS
 from execgate.common.hints import ENV_NAME, GiB, MiB, escape, quote
 
 TAG = "[execgate]"
@@ -26,13 +27,8 @@ MAX_LINE = 160
 MAX_LINES = 5
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-_SHELLS = {"sh", "bash", "dash", "zsh", "ash", "ksh"}
 _SEGMENT_SPLIT = re.compile(r"&&|\|\||[;|&\n()]")
 _PREFIXES = {"sudo", "env", "time", "nice", "nohup", "exec", "command", "npx", "stdbuf"}
-_RUNNERS = {"uv", "poetry", "pipenv", "pdm", "hatch", "rye"}  # `<runner> run <cmd>`
-_PYTHON = re.compile(r"python[0-9.]*")
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
-_JS = {"npm", "yarn", "pnpm", "bun"}
 _TEST_EXAMPLES = {
     "pytest": "pytest path/to/test_one.py",
     "py.test": "pytest path/to/test_one.py",
@@ -97,23 +93,23 @@ def _hint_size(n: int) -> str:
 def _wrapper_words(words: list[str]) -> int:
     """How many leading words only wrap the real command (`FOO=1`, `sudo`, `uv run`, ...)."""
     head = os.path.basename(words[0])
-    if _ASSIGNMENT.fullmatch(words[0]):
+    if ASSIGNMENT.fullmatch(words[0]):
         return 1
     if head in _PREFIXES:  # and its options: `sudo -E make test`
         n = 1
         while n < len(words) and words[n].startswith("-"):
             n += 1
         return n
-    if head == "timeout" or (head in _RUNNERS and words[1:2] == ["run"]):
+    if head == "timeout" or (head in RUNNERS and words[1:2] == ["run"]):
         return 2
-    if _PYTHON.fullmatch(head) and words[1:2] == ["-m"]:
+    if PYTHON.fullmatch(head) and words[1:2] == ["-m"]:
         return 2
     return 0
 
 
 def _segments(argv: list[str]) -> Iterator[list[str]]:
     """The simple commands an exec runs: `sh -c "cd x && pytest"` yields ['pytest'] among others."""
-    if len(argv) >= 3 and os.path.basename(argv[0]) in _SHELLS and argv[1].startswith("-"):
+    if len(argv) >= 3 and os.path.basename(argv[0]) in SHELLS and argv[1].startswith("-"):
         text = argv[2] if "c" in argv[1] else " ".join(argv)
     else:
         text = " ".join(argv)
@@ -143,11 +139,12 @@ def classify(argv: list[str]) -> tuple[str, str]:
             return "test", tool
         if tool in ("make", "gmake") and any(t in ("test", "tests", "check") for t in rest):
             return "test", tool
-        if tool in _JS and (first in ("test", "t") or (first == "run" and _is_test_script(rest))):
+        if tool in NODE_PMS and (first in ("test", "t")
+                                 or (first == "run" and _is_test_script(rest))):
             return "test", tool
         if tool in ("pip", "pip3", "uv") and "install" in rest[:2]:
             return "install", "pip"
-        if tool in _JS and first in ("install", "i", "ci", "add"):
+        if tool in NODE_PMS and first in ("install", "i", "ci", "add"):
             return "install", tool
         if tool in ("apt", "apt-get") and first == "install":
             return "install", tool
@@ -158,7 +155,7 @@ def _narrowing_advice(argv: list[str]) -> str:
     kind, tool = classify(argv)
     if kind == "test":
         example = _TEST_EXAMPLES.get(tool, "")
-        if tool in _JS:
+        if tool in NODE_PMS:
             example = f"{tool} test -- path/to/one.test.js"
         tail = f" (e.g. `{example}`)" if example else ""
         return f"Fix: run one test file or package instead of the whole suite{tail}."
