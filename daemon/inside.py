@@ -691,6 +691,8 @@ class InsideAgents:
 
     def _place(self, m: Match, box: Box) -> None:
         """Move a just-exec'd tool process into its own cgroup: the time-critical part."""
+        if m.tgid in self.by_pid:
+            return  # placed already (late, by a scan, before its exec event was read)
         if ppid(m.tgid) != m.parent:
             return  # gone, or its pid was reused
         tool = box.spares.pop(0) if box.spares else self._new_tool(box)
