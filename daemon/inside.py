@@ -714,6 +714,9 @@ class InsideAgents:
         stderr = open_stderr(m.tgid)
         tty = stderr is not None and os.isatty(stderr)
         argv = _nul_list(f"/proc/{m.tgid}/cmdline")
+        if not argv:  # it ended already: no command line left, but a zombie keeps its name
+            short = comm(m.tgid)
+            argv = [short] if short else []
         name = os.path.basename(tool)
         call: dict[str, Any] = {
             "call": name, "container": box.cid, "sandbox": box.sandbox, "cgroup": tool,
