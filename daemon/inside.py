@@ -185,20 +185,20 @@ def started_ns(pid: int) -> int:
     return 0 if ticks is None else ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def cgroup_path(pid: int) -> str | None:
+def _proc_text(pid: int, name: str) -> str | None:
     try:
-        with open(f"/proc/{pid}/cgroup") as f:
+        with open(f"/proc/{pid}/{name}") as f:
             return f.read().strip()
     except OSError:
         return None
+
+
+def cgroup_path(pid: int) -> str | None:
+    return _proc_text(pid, "cgroup")
 
 
 def comm(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+    return _proc_text(pid, "comm")
 
 
 def _nul_list(path: str) -> list[str]:
