@@ -9,7 +9,7 @@
  *
  *   memload --peak-mib 500 --duration 2.0 [--baseline-mib 0] [--shape ramp|spike|plateau|sawtooth]
  *           [--peak-at 0.5] [--hold 0] [--cpu 0] [--retain-mib 0] [--retain-dir /dev/shm]
- *           [--tick-ms 50]
+ *           [--tick-ms 50] [--start-at EPOCH]
  *
  * Silent on success (stdout belongs to the agent's tool output); exit 2 on bad arguments,
  * exit 1 if memory or the retain file cannot be had. Build: gcc -O2 -static -o memload memload.c
@@ -34,16 +34,17 @@ enum shape { RAMP, SPIKE, PLATEAU, SAWTOOTH };
 static struct {
     double baseline, peak, duration, peak_at, hold, cpu, retain; /* MiB / seconds / fractions */
     double tick;                                                 /* seconds */
+    double start_at; /* wall-clock seconds since the epoch; 0: at once */
     enum shape shape;
     const char *retain_dir;
-} opt = {0, -1, 1.0, 0.5, 0, 0, 0, 0.05, RAMP, "/dev/shm"};
+} opt = {0, -1, 1.0, 0.5, 0, 0, 0, 0.05, 0, RAMP, "/dev/shm"};
 
 static void usage_error(const char *msg, const char *arg)
 {
     fprintf(stderr, "memload: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
     fprintf(stderr, "usage: memload --peak-mib N [--baseline-mib N] [--duration S] "
                     "[--shape ramp|spike|plateau|sawtooth] [--peak-at F] [--hold S] [--cpu F] "
-                    "[--retain-mib N] [--retain-dir DIR] [--tick-ms MS]\n");
+                    "[--retain-mib N] [--retain-dir DIR] [--tick-ms MS] [--start-at EPOCH]\n");
     exit(2);
 }
 
@@ -146,6 +147,7 @@ int main(int argc, char **argv)
         {"peak-at", required_argument, 0, 'a'},   {"hold", required_argument, 0, 'h'},
         {"cpu", required_argument, 0, 'c'},       {"retain-mib", required_argument, 0, 'r'},
         {"retain-dir", required_argument, 0, 'D'}, {"tick-ms", required_argument, 0, 't'},
+        {"start-at", required_argument, 0, 'S'},
         {0, 0, 0, 0},
     };
     const double big = 1 << 24; /* 16 TiB or ~194 days: beyond any sane step */
@@ -162,6 +164,7 @@ int main(int argc, char **argv)
         case 'r': opt.retain = number("--retain-mib", optarg, big); break;
         case 'D': opt.retain_dir = optarg; break;
         case 't': opt.tick = number("--tick-ms", optarg, 10000) / 1000; break;
+        case 'S': opt.start_at = number("--start-at", optarg, 1e12); break;
         case 's':
             if (!strcmp(optarg, "ramp")) opt.shape = RAMP;
             else if (!strcmp(optarg, "spike")) opt.shape = SPIKE;
@@ -190,6 +193,15 @@ int main(int argc, char **argv)
             fprintf(stderr, "memload: mmap %zu bytes: %s\n", cap, strerror(errno));
             return 1;
         }
+    }
+
+    /* Calls started in several sandboxes at once (docker exec takes its time, unevenly) begin
+     * their curves at one shared instant; a call that arrives late starts at once. */
+    if (opt.start_at > 0) {
+        struct timespec ts = {(time_t)opt.start_at,
+                              (long)((opt.start_at - (time_t)opt.start_at) * 1e9)};
+        while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
     }
 
     size_t resident = 0; /* bytes at the start of `mem` that are currently written */

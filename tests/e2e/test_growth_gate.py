@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import subprocess
+import time
 
 import pytest
 from conftest import (
@@ -26,16 +27,20 @@ N = 3
 # Each call ramps to 200 MiB over 8 s (25 MiB/s, 2.5 MiB per 100 ms control period; about as fast
 # under TCG, where page faults are slower but still far above that rate): three of them need
 # 600 MiB at once, the slice has 512. memload paces itself by the wall clock, so a held call
-# catches up in a burst when released - the gate has to leave room for that too.
+# catches up in a burst when released - the gate has to leave room for that too. All three start
+# their ramps at one instant (--start-at): docker exec under TCG takes ~1 s, unevenly, and calls
+# spread by more than a second no longer overlap enough to overrun the slice even eagerly.
 RAMP = ["memload", "--peak-mib", "200", "--duration", "8", "--shape", "ramp", "--peak-at",
         "0.95", "--cpu", "0.2"]
+LEAD_S = 6.0  # time for the execs to be under way before the shared start
 NO_ADMISSION = "[admission]\nmax_admission_wait_s = 0.0\n"
 HELD_NOTE = b"paused by the memory growth gate"
 
 
 def ramps(cids: list[str]) -> list[subprocess.CompletedProcess[bytes]]:
+    argv = [*RAMP, "--start-at", f"{time.time() + LEAD_S:.3f}"]
     with concurrent.futures.ThreadPoolExecutor(len(cids)) as pool:
-        return list(pool.map(lambda c: docker("exec", c, *RAMP, check=False, timeout=600),
+        return list(pool.map(lambda c: docker("exec", c, *argv, check=False, timeout=600),
                              cids))
 
 

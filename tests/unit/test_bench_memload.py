@@ -106,6 +106,16 @@ def test_retained_file(memload: Path, tmp_path: Path) -> None:
     assert f.name == f"memload-retained-{r.pid}" and f.stat().st_size == 3 * MiB
 
 
+def test_start_at_waits_for_the_instant_without_memory(memload: Path) -> None:
+    r = _run(memload, "--peak-mib", "32", "--duration", "0.2", "--start-at",
+             f"{time.time() + 0.8:.3f}")
+    assert r.exit_code == 0, r.stderr
+    assert 1.0 <= r.elapsed <= 3.0, r.elapsed
+    assert r.rss_kib and min(r.rss_kib) < 8 * 1024, r.rss_kib  # nothing held while waiting
+    late = _run(memload, "--peak-mib", "1", "--duration", "0.1", "--start-at", "1")
+    assert late.exit_code == 0 and late.elapsed < 1.0, late.elapsed  # past: starts at once
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -119,6 +129,7 @@ def test_retained_file(memload: Path, tmp_path: Path) -> None:
         ["--peak-mib", "10", "extra"],
         ["--peak-mib", "-1"],
         ["--peak-mib"],
+        ["--peak-mib", "10", "--start-at", "soon"],
     ],
 )
 def test_bad_args_exit_2(memload: Path, args: list[str]) -> None:
