@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import os
 import select
-import signal
 import struct
 import time
 from collections.abc import Callable
@@ -155,20 +154,27 @@ def _raise_oom_score_adj(pid: int, value: int) -> None:
         pass
 
 
-def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0) -> dict[int, int]:
+def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0, trace: bool = False,
+                  ) -> tuple[dict[int, int], int | None]:
     """Wait for runc to exit; meanwhile take a pidfd on every task that enters the cgroup.
 
     The call's process joins the tool cgroup (populated 1) before it execs the command, under
     the pid it keeps; a pidfd taken then outlives the shim's reaping, so even a command that
     ends in microseconds leaves us its exit status. (runc 1.1 ignores an exec spec's
     oomScoreAdj, so the call's oom_score_adj is raised here too, before the command runs.)
+
+    With trace, the first task seen (runc places only the exec's own process; what it forks
+    comes later) is traced at once (shim/exithold.py), not once runc has gone: runc can take
+    longer to exit than a call takes to be OOM-killed. Returns (pidfds, traced pid or None);
+    if the traced process dies first it returns at once, as runc may be waiting for it.
     """
     pidfds: dict[int, int] = {}
+    traced = None
     try:
         events = os.open(os.path.join(cg, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         _wait_readable(runtime_pidfd)
-        return pidfds
+        return pidfds, traced
     try:
         p = select.poll()
         p.register(runtime_pidfd, select.POLLIN)
@@ -184,17 +190,30 @@ def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0) -> dict[i
                             continue
                         if oom_score_adj:
                             _raise_oom_score_adj(pid, oom_score_adj)
-            if any(fd == runtime_pidfd for fd, _ in p.poll(5000)):
+                        if trace and traced is None and len(pidfds) == 1:
+                            from . import exithold
+
+                            if exithold.seize(pid):
+                                traced = pid
+            if traced is not None:
+                from . import exithold
+
+                if not exithold.running(traced):
+                    return pidfds, traced
+            # A traced call's stops (a signal sent to it) wait for us: look often meanwhile.
+            if any(fd == runtime_pidfd for fd, _ in p.poll(5000 if traced is None else 10)):
                 if oom_score_adj:  # whatever the call forked meanwhile
                     for pid in v2.procs(cg):
                         _raise_oom_score_adj(pid, oom_score_adj)
-                return pidfds
+                return pidfds, traced
     finally:
         os.close(events)
 
 
-def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> tuple[int | None, int | None]:
-    """The pid and pidfd of the exec's own process (named by runc's pid file), others closed."""
+def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int], traced: int | None = None,
+                ) -> tuple[int | None, int | None]:
+    """The pid and pidfd of the exec's own process (named by runc's pid file, else the one we
+    trace), others closed."""
     pid = None
     if pid_file:
         try:
@@ -202,6 +221,8 @@ def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> tuple[int | Non
                 pid = int(f.read().strip())
         except (OSError, ValueError):
             pid = None
+    if pid is None:  # runc has not written it (a call that died before runc went)
+        pid = traced
     chosen = pidfds.pop(pid, None) if pid is not None else None
     for fd in pidfds.values():
         os.close(fd)
@@ -211,16 +232,6 @@ def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int]) -> tuple[int | Non
         except OSError:
             return None, None  # already reaped: the status is lost, the memory figures are not
     return pid, chosen
-
-
-def _unreaped(pidfd: int | None) -> bool:
-    if pidfd is None:
-        return False
-    try:
-        signal.pidfd_send_signal(pidfd, 0)
-    except OSError:
-        return False
-    return True
 
 
 def _exit_status(pidfd: int | None, cgroup_id: int) -> int | None:
@@ -275,7 +286,7 @@ def outcome(cg: str) -> dict[str, Any]:
 
 
 def _tell_agent(call: dict[str, Any], entry: dict[str, Any], stderr: int,
-                told_oom: bool = False) -> None:
+                told_oom: bool = False) -> str | None:
     """Feedback on the call's own stderr (or terminal), written before the stream closes.
 
     Nothing is written for a call that simply succeeded. An admission delay was told before the
@@ -289,8 +300,7 @@ def _tell_agent(call: dict[str, Any], entry: dict[str, Any], stderr: int,
         messages.append(feedback.gate_held(held, run))
     if entry["oom_killed"] and not told_oom:
         messages.append(_oom_message(call, entry))
-    if messages:
-        say(call, stderr, messages)
+    return say(call, stderr, messages) if messages else None
 
 
 def say(call: dict[str, Any], stream: int, messages: list[str]) -> str | None:
@@ -340,11 +350,14 @@ def conclude(call: dict[str, Any], end: float, gate: dict[str, Any] | None) -> d
 
 
 def tell_and_close(call: dict[str, Any], entry: dict[str, Any], stderr: int | None,
-                   told_oom: bool = False) -> None:
+                   told_oom: bool = False) -> str | None:
     """Feedback (if any) on the call's kept stderr, then let go of it: the agent may be
-    waiting for that stream's EOF."""
-    if stderr is not None:
-        _tell_agent(call, entry, stderr, told_oom)
+    waiting for that stream's EOF. The write's error, if any."""
+    if stderr is None:
+        return None
+    try:
+        return _tell_agent(call, entry, stderr, told_oom)
+    finally:
         os.close(stderr)
 
 
@@ -366,21 +379,20 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
           log: RuncLog, stderr: int | None = None) -> None:
     cg = call["cgroup"]
     cgroup_id = os.stat(cg).st_ino
+    hold = bool(call.get("tty") and call.get("hold_exit", True) and stderr is not None)
     # Once runc has exited the call is placed, or never will be.
-    pid, exec_pidfd = _exec_pidfd(pid_file, _wait_runtime(runtime_pidfd, cg,
-                                                          int(call.get("oom_score_adj") or 0)))
+    pidfds, traced = _wait_runtime(runtime_pidfd, cg, int(call.get("oom_score_adj") or 0), hold)
     os.close(runtime_pidfd)
-    if (call.get("tty") and call.get("hold_exit", True) and stderr is not None
-            and pid is not None and _unreaped(exec_pidfd)):
-        from . import exithold
-
-        # The pidfd, taken while the call was in its cgroup, said the pid still is the call's
-        # (an unreaped process keeps its number): a reaped call's pid may be reused already,
-        # and tracing that would hold a stranger's exit.
-        if exithold.seize(pid):
-            _watch_held(call, pid, exec_pidfd, journal, log, stderr)
-            return
-        log.debug(f"call {call['call']}: cannot trace pid {pid}; its note may race the exit")
+    pid, exec_pidfd = _exec_pidfd(pid_file, pidfds, traced)
+    if traced is not None:
+        if pid != traced:  # not runc's doing; the hold still ends when that process does
+            log.warning(f"call {call['call']}: traced pid {traced}, runc named {pid}")
+        _watch_held(call, traced, exec_pidfd, pid == traced, journal, log,
+                    stderr)  # type: ignore[arg-type]
+        return
+    if hold:
+        log.debug(f"call {call['call']}: exit not held (pid {pid}): ended or untraceable "
+                  "before it was seen; its note may race the exit")
     told = []
 
     def tell_oom_now() -> None:
@@ -397,10 +409,11 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     _finish(call, entry, _exit_status(exec_pidfd, cgroup_id), end, journal, log)
 
 
-def _watch_held(call: dict[str, Any], pid: int, pidfd: int | None, journal: str,
-                log: RuncLog, terminal: int) -> None:
+def _watch_held(call: dict[str, Any], pid: int, pidfd: int | None, is_main: bool,
+                journal: str, log: RuncLog, terminal: int) -> None:
     """A TTY call whose exit we hold (shim/exithold.py): the note goes out before the engine
-    learns of the exit and tears the terminal down; the record waits for the cgroup to empty."""
+    learns of the exit and tears the terminal down; the record waits for the cgroup to empty.
+    The exit status is the held one's, unless runc named another process (is_main false)."""
     from . import exithold
 
     told: dict[str, Any] = {}
@@ -410,14 +423,19 @@ def _watch_held(call: dict[str, Any], pid: int, pidfd: int | None, journal: str,
         if signal == 9:  # the OOM killer counts its kill a moment after sending it
             _wait_for(lambda: _oom_counted(call["cgroup"]), 0.2)
         told["gate"] = _done(call)
-        tell_and_close(call, conclude(call, told["end"], told["gate"]), terminal)
+        entry = conclude(call, told["end"], told["gate"])
+        err = tell_and_close(call, entry, terminal)
+        log.debug(f"call {call['call']}: exit held (signal {signal}, oom_killed "
+                  f"{entry['oom_killed']}, note {'lost: ' + err if err else 'ok'}); releasing it")
 
     status = exithold.hold_exit(pid, on_exit)
-    if pidfd is not None:
-        os.close(pidfd)
     if "end" not in told:  # lost the trace: tell what we can, now
         on_exit(None)
     _wait_empty(call["cgroup"])  # what it left running in the background
+    if not is_main or status is None:
+        status = _exit_status(pidfd, os.stat(call["cgroup"]).st_ino)
+    if pidfd is not None:
+        os.close(pidfd)
     _finish(call, conclude(call, told["end"], told["gate"]), status, told["end"], journal, log)
 
 

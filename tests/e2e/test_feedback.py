@@ -26,7 +26,7 @@ def test_oom_feedback_on_a_terminal(containers: Containers) -> None:
     gets there only because the watcher holds the exit until it is written (shim/exithold.py).
     Repeated, since a race would pass now and then."""
     cid = containers.run("--memory", "64m", "--memory-swap", "64m")
-    for flags in (["-t"], ["-it"], ["-t"], ["-it"]):
+    for flags in (["-t"], ["-it"]) * 3:
         rc, out = on_terminal(["docker", "exec", *flags, cid, "sh", "-c",
                                "echo before; memhog 200"])
         assert rc == 137, (flags, out)

@@ -83,3 +83,20 @@ def test_a_stopped_tracee_stays_stopped_until_continued() -> None:
 
 def test_seize_refuses_a_missing_process() -> None:
     assert not exithold.seize(2**22 + 12345)
+
+
+def test_running_passes_signals_on_and_keeps_a_death_held() -> None:
+    """What the watcher does while runc is still about: poll, never block, never reap."""
+    parent, pid = _family(5)
+    assert exithold.seize(pid)
+    deadline = time.monotonic() + 10
+    while exithold.running(pid):  # the child's own SIGUSR1 stops it until running() resumes it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert parent.poll() is None  # dead, but its exit is still ours to hand on
+    seen: list[int | None] = []
+    status = exithold.hold_exit(pid, seen.append)
+    out, _ = parent.communicate(timeout=10)
+    assert seen == [None] and status is not None and os.waitstatus_to_exitcode(status) == 5
+    assert out.split() == ["usr1", "parent-saw", "5"]
