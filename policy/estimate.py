@@ -37,7 +37,7 @@ import shlex
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from execgate.common.commands import ASSIGNMENT, NODE_PMS, PYTHON, RUNNERS, SHELLS
 
@@ -355,19 +355,20 @@ def _clamp(x: float, lo: float, hi: float) -> float:
 
 
 @dataclass
-class _History:
-    """Recent (peak, avg) observations of one key, newest last."""
-
-    peaks: deque[int]
-    avgs: deque[int]
-
-
-@dataclass
-class _Ratios:
-    """log(observed / declared) of a sandbox's recent declared calls, peak and average."""
+class _Window:
+    """The last n (peak, avg) pairs of one key, newest last: bytes for a command history,
+    log(observed / declared) for a sandbox's declared calls."""
 
     peaks: deque[float]
     avgs: deque[float]
+
+    @staticmethod
+    def add(store: dict[Any, _Window], key: object, n: int, peak: float, avg: float) -> None:
+        window = store.get(key)
+        if window is None:
+            window = store[key] = _Window(deque(maxlen=n), deque(maxlen=n))
+        window.peaks.append(peak)
+        window.avgs.append(avg)
 
 
 @dataclass
@@ -379,9 +380,9 @@ class HistoryEstimator:
 
     def __post_init__(self) -> None:
         # Per sandbox: log(observed / declared) of its last k declared calls, peak and average.
-        self._declared: dict[str, _Ratios] = {}
-        self._by_sandbox: dict[tuple[str, str], _History] = {}
-        self._by_class: dict[str, _History] = {}
+        self._declared: dict[str, _Window] = {}
+        self._by_sandbox: dict[tuple[str, str], _Window] = {}
+        self._by_class: dict[str, _Window] = {}
 
     # -- correction factors ------------------------------------------------------------------
 
@@ -418,7 +419,7 @@ class HistoryEstimator:
             ("class-history", self._by_class.get(cls)),
         ):
             if hist is not None and len(hist.peaks) >= cfg.min_history:
-                peak = max(hist.peaks)
+                peak = int(max(hist.peaks))
                 avg = min(math.ceil(sum(hist.avgs) / len(hist.avgs)), peak)
                 return Demand(avg, peak, f"{kind}:{cls}")
         peak = cfg.default_peak(cls)
@@ -433,20 +434,12 @@ class HistoryEstimator:
         declared = call.declared_bytes
         if declared is not None and declared > 0:
             lo, hi = 1.0 / cfg.ratio_clamp, cfg.ratio_clamp
-            logs = self._declared.get(call.sandbox)
-            if logs is None:
-                k = cfg.declared_window
-                logs = self._declared[call.sandbox] = _Ratios(deque(maxlen=k), deque(maxlen=k))
-            logs.peaks.append(math.log(_clamp(peak / declared, lo, hi)))
-            logs.avgs.append(math.log(_clamp(avg / declared, lo, hi)))
+            _Window.add(self._declared, call.sandbox, cfg.declared_window,
+                        math.log(_clamp(peak / declared, lo, hi)),
+                        math.log(_clamp(avg / declared, lo, hi)))
         cls = classify_command(call.argv)
         for store, key in ((self._by_sandbox, (call.sandbox, cls)), (self._by_class, cls)):
-            hist = store.get(key)
-            if hist is None:
-                n = cfg.history_window
-                hist = store[key] = _History(deque(maxlen=n), deque(maxlen=n))
-            hist.peaks.append(peak)
-            hist.avgs.append(avg)
+            _Window.add(store, key, cfg.history_window, peak, avg)
 
     def forget_sandbox(self, sandbox: str) -> None:
         """Drop a removed sandbox's history (keeps memory bounded by live sandboxes)."""
