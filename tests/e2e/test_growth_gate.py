@@ -4,6 +4,8 @@ the domain's budget together are paced so none is OOM-killed, where eager execut
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import glob
 import os
 import subprocess
 import time
@@ -74,3 +76,61 @@ def test_gate_paces_growth_where_eager_oom_kills(containers: Containers, gate: s
         told = [HELD_NOTE in p.stderr for p in gated]
         expected = [e["held_s"] >= 0.2 * e["duration"] for e in entries]
         assert any(expected) and told == expected, (told, entries, [p.stderr for p in gated])
+
+
+def _frozen(domain: str) -> list[str]:
+    """Tool-call cgroups of the domain that are frozen right now."""
+    found = []
+    for cg in glob.glob(os.path.join(domain, "*", "tool-*")):
+        with contextlib.suppress(OSError), open(os.path.join(cg, "cgroup.events")) as f:
+            if "frozen 1" in f.read():
+                found.append(cg)
+    return found
+
+
+def _our_scheduler() -> bool:
+    """execgate's sched_ext scheduler is loaded (the kernel's own account, in sysfs)."""
+    try:
+        with open("/sys/kernel/sched_ext/state") as f:
+            if f.read().strip() != "enabled":
+                return False
+        with open("/sys/kernel/sched_ext/root/ops") as f:
+            return f.read().strip() == "execgate"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("gate", ["sched_ext", "freeze"])
+def test_daemon_killed_mid_hold_releases_the_calls(containers: Containers, gate: str) -> None:
+    """kill -9 of execgated while the gate holds calls: they run again within seconds (the
+    sched_ext scheduler dies with its loader; frozen cgroups are thawed by the restarted
+    daemon) and every call runs to its end. Ungated meanwhile, the ramps may overrun the slice:
+    an OOM kill (137) is what failing open costs, a call left hanging would be a bug."""
+    domain = os.path.join(CGROOT, SLICE)
+    config = f'gate = "{gate}"\n' + NO_ADMISSION
+    with memory_domain(containers, SLICE, BUDGET, N, config) as cids, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert ctl_status()["daemon"]["growth"]["actuator"] == gate
+        calls = pool.submit(ramps, cids)
+        if gate == "freeze":
+            wait_for(lambda: _frozen(domain), timeout=120, interval=0.05, what="a frozen call")
+        else:
+            wait_for(lambda: ctl_status()["daemon"]["growth"]["held"], timeout=120,
+                     interval=0.05, what="a held call")
+            assert _our_scheduler()
+        systemctl("kill", "-s", "KILL", "execgated")
+        t0 = time.monotonic()
+        if gate == "freeze":
+            wait_for(lambda: not _frozen(domain), timeout=120, interval=0.1, what="a thaw")
+        else:
+            wait_for(lambda: not _our_scheduler(), timeout=30, interval=0.05,
+                     what="the scheduler to go")
+        released_s = time.monotonic() - t0
+        done = calls.result(timeout=600)
+        print(f"{gate}: held calls released {released_s:.2f} s after kill -9, exits "
+              f"{[p.returncode for p in done]}")
+        assert all(p.returncode in (0, 137) for p in done), [(p.returncode, p.stderr)
+                                                             for p in done]
+        assert released_s < (5 if gate == "sched_ext" else 60), released_s
+        wait_for(lambda: ctl_status()["source"].startswith("execgated pid"), timeout=120,
+                 what="systemd to restart execgated")
