@@ -110,6 +110,9 @@ def handle(ctx: Context) -> list[str]:
         if feedback.should_report_delay(call["waited_s"]):
             _stderr(feedback.admission_delayed(call["waited_s"]))
     tool = container.make_tool_cgroup(cg, name)
+    # Its identity, for the watcher to check the exit status it reads is this call's: taken
+    # now, as the cgroup may be gone (container deleted) before the watcher first runs.
+    call["cgroup_id"] = os.stat(tool).st_ino
     if ctx.config.memory_high_from_hint and call["hint"] and call["hint"].get("memory_bytes"):
         try:
             v2.write(tool, "memory.high", str(call["hint"]["memory_bytes"]))

@@ -234,7 +234,7 @@ def _exec_pidfd(pid_file: str | None, pidfds: dict[int, int], traced: int | None
     return pid, chosen
 
 
-def _exit_status(pidfd: int | None, cgroup_id: int) -> int | None:
+def _exit_status(pidfd: int | None, cgroup_id: int | None) -> int | None:
     """The exec's wait status as the kernel kept it (Linux >= 6.15), if it is our call's."""
     if pidfd is None:
         return None
@@ -378,7 +378,7 @@ def record(entry: dict[str, Any], status: int | None, end: float, journal: str, 
 def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journal: str,
           log: RuncLog, stderr: int | None = None) -> None:
     cg = call["cgroup"]
-    cgroup_id = os.stat(cg).st_ino
+    cgroup_id = call.get("cgroup_id")
     hold = bool(call.get("tty") and call.get("hold_exit", True) and stderr is not None)
     # Once runc has exited the call is placed, or never will be.
     pidfds, traced = _wait_runtime(runtime_pidfd, cg, int(call.get("oom_score_adj") or 0), hold)
@@ -433,7 +433,7 @@ def _watch_held(call: dict[str, Any], pid: int, pidfd: int | None, is_main: bool
         on_exit(None)
     _wait_empty(call["cgroup"])  # what it left running in the background
     if not is_main or status is None:
-        status = _exit_status(pidfd, os.stat(call["cgroup"]).st_ino)
+        status = _exit_status(pidfd, call.get("cgroup_id"))
     if pidfd is not None:
         os.close(pidfd)
     _finish(call, conclude(call, told["end"], told["gate"]), status, told["end"], journal, log)

@@ -81,14 +81,16 @@ def test_container_limit_bounds_the_sum_and_oom_is_recorded(containers: Containe
     assert second.returncode in (0, 137), second
     entries = wait_for(lambda: len(journal_for(cid)) >= 2 and journal_for(cid), timeout=60,
                        what="both calls in the journal")
-    # The kernel picks one of the two (either may be the larger); exactly one call dies, whole.
+    # The kernel picks one of the two (either may be the larger) and kills that call whole.
+    # Usually that is all; but when the survivor faults again before the victim's pages are
+    # uncharged, the kernel starts a second OOM kill (seen once under TCG: kills 18 ms apart).
     killed = [e for e in entries if e["oom_killed"]]
-    assert len(killed) == 1, entries
-    assert killed[0]["exit_code"] == 137 and killed[0]["signal"] == 9
-    assert killed[0]["memory_peak"] > 16 << 20
-    survivor = next(e for e in entries if not e["oom_killed"])
-    assert survivor["exit_code"] == 0
-    assert (second.returncode == 137) == (killed[0]["argv"] == ["memhog", "64"])
+    assert 1 <= len(killed) <= 2, entries
+    assert all(e["exit_code"] == 137 and e["signal"] == 9 for e in killed), killed
+    assert max(e["memory_peak"] for e in killed) > 16 << 20
+    assert all(e["exit_code"] == 0 for e in entries if not e["oom_killed"]), entries
+    second_killed = any(e["argv"] == ["memhog", "64"] for e in killed)
+    assert (second.returncode == 137) == second_killed, (second, killed)
     # The container's init survived: a tool call is killed, never the container.
     assert docker("exec", cid, "true").returncode == 0
     assert docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip() == b"true"
