@@ -168,6 +168,8 @@ def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0, trace: bo
     longer to exit than a call takes to be OOM-killed. Returns (pidfds, traced pid or None);
     if the traced process dies first it returns at once, as runc may be waiting for it.
     """
+    if trace:
+        from . import exithold
     pidfds: dict[int, int] = {}
     traced = None
     try:
@@ -190,16 +192,11 @@ def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0, trace: bo
                             continue
                         if oom_score_adj:
                             _raise_oom_score_adj(pid, oom_score_adj)
-                        if trace and traced is None and len(pidfds) == 1:
-                            from . import exithold
-
-                            if exithold.seize(pid):
-                                traced = pid
-            if traced is not None:
-                from . import exithold
-
-                if not exithold.running(traced):
-                    return pidfds, traced
+                        if trace and traced is None and len(pidfds) == 1 \
+                                and exithold.seize(pid):
+                            traced = pid
+            if traced is not None and not exithold.running(traced):
+                return pidfds, traced
             # A traced call's stops (a signal sent to it) wait for us: look often meanwhile.
             if any(fd == runtime_pidfd for fd, _ in p.poll(5000 if traced is None else 10)):
                 if oom_score_adj:  # whatever the call forked meanwhile
@@ -378,7 +375,6 @@ def record(entry: dict[str, Any], status: int | None, end: float, journal: str, 
 def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journal: str,
           log: RuncLog, stderr: int | None = None) -> None:
     cg = call["cgroup"]
-    cgroup_id = call.get("cgroup_id")
     hold = bool(call.get("tty") and call.get("hold_exit", True) and stderr is not None)
     # Once runc has exited the call is placed, or never will be.
     pidfds, traced = _wait_runtime(runtime_pidfd, cg, int(call.get("oom_score_adj") or 0), hold)
@@ -406,7 +402,7 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
     gate = _done(call)
     entry = conclude(call, end, gate)
     tell_and_close(call, entry, stderr, told_oom=bool(told))
-    _finish(call, entry, _exit_status(exec_pidfd, cgroup_id), end, journal, log)
+    _finish(call, entry, _exit_status(exec_pidfd, call.get("cgroup_id")), end, journal, log)
 
 
 def _watch_held(call: dict[str, Any], pid: int, pidfd: int | None, is_main: bool,
