@@ -4,14 +4,18 @@ or natively on a Docker host with cgroup v2 and execgate installed)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import pty
 import select
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,6 +28,21 @@ RUNTIME = os.environ.get("EXECGATE_TEST_RUNTIME", "execgate")
 STATE_DIR = "/run/execgate"
 JOURNAL = "/var/lib/execgate/calls.jsonl"
 CGROOT = "/sys/fs/cgroup"
+SRC = Path(os.environ.get("EXECGATE_SRC") or Path(__file__).resolve().parents[2])
+GATE_PY = SRC / "bpf" / "gate.py"
+
+
+def _load_gate() -> ModuleType:
+    """bpf/gate.py from the checkout, by path: the suite runs without the package on its path."""
+    spec = importlib.util.spec_from_file_location("execgate_bpf_gate_e2e", GATE_PY)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gate = _load_gate()
 
 
 def docker(*args: str, check: bool = True, timeout: float = 120, input: bytes | None = None,

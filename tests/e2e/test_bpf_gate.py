@@ -13,7 +13,6 @@ test_slow_hold_cap_survives_watchdog holds a task for 60 s (marked slow): desele
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import os
 import shutil
@@ -26,9 +25,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import GATE_PY, SRC, gate
 
-SRC = Path(os.environ.get("EXECGATE_SRC") or Path(__file__).resolve().parents[2])
-GATE_PY = SRC / "bpf" / "gate.py"
 CGROOT = "/sys/fs/cgroup"
 TEST_CG = os.path.join(CGROOT, "execgate-bpftest")
 TEST_PIN = "/sys/fs/bpf/execgate-test"
@@ -38,18 +36,6 @@ RESULTS = os.environ.get("EXECGATE_RESULTS")
 # TCG runs ~10x slower than hardware: latencies are asserted with generous slack; the numbers
 # themselves are recorded.
 LATENCY_MAX_S = 1.5  # target: one control period (0.1 s)
-
-
-def _import_gate():
-    spec = importlib.util.spec_from_file_location("execgate_bpf_gate_e2e", GATE_PY)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gate = _import_gate()
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(os.path.join(CGROOT, "cgroup.controllers")),

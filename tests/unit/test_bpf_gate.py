@@ -4,33 +4,16 @@ selection on fake sysfs/cgroup trees. The scheduler itself is tested in tests/e2
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import struct
-import sys
 from pathlib import Path
 
 import pytest
+from execgate.bpf import gate
 
 GATE_PY = Path(__file__).resolve().parents[2] / "bpf" / "gate.py"
 BPF_C = GATE_PY.with_name("gate.bpf.c")
-
-
-def _import_gate():
-    try:
-        from execgate.bpf import gate as mod  # once packaged
-        return mod
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("execgate_bpf_gate_src", GATE_PY)
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        return mod
-
-
-gate = _import_gate()
 
 
 # -- the C side and the Python side agree ---------------------------------------------------------
