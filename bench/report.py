@@ -31,10 +31,10 @@ MiB = 1 << 20
 # Scheme colours, stable across plots; unknown schemes cycle through the rest.
 COLOURS = {"eager": "#d62728", "static": "#7f7f7f", "reserve": "#9467bd",
            "agentcgroup": "#ff7f0e", "execgate": "#2ca02c", "execgate-noadmit": "#17becf",
-           "execgate-nogrowth": "#bcbd22"}
-_EXTRA = ("#1f77b4", "#8c564b", "#e377c2", "#aec7e8")
+           "execgate-nogrowth": "#bcbd22", "execgate-noresidency": "#8c564b"}
+_EXTRA = ("#1f77b4", "#e377c2", "#aec7e8", "#98df8a")
 FAMILY_ORDER = ("eager", "static", "reserve", "agentcgroup", "execgate-noadmit",
-                "execgate-nogrowth", "execgate")
+                "execgate-nogrowth", "execgate-noresidency", "execgate")
 
 
 def load(path: str | Path) -> dict[str, Any]:

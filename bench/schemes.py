@@ -94,17 +94,21 @@ NO_ADMISSION = Scheme("execgate-noadmit", "execgate", daemon=False, hints=True,
                       description="ablation: execgate runtime, daemon stopped (fail open)")
 
 # Ablations of the full system: one line each (a `replace()` of EXECGATE and the config tables
-# it changes). "No residency" joins them once the daemon has residency.
+# it changes).
 NO_GROWTH = replace(EXECGATE, name="execgate-nogrowth", family="execgate-nogrowth",
                     daemon_tables={"daemon": {"gate": "off"}},
                     description="ablation: execgated admitting calls, growth gate off")
-_ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION, NO_GROWTH)
+NO_RESIDENCY = replace(EXECGATE, name="execgate-noresidency", family="execgate-noresidency",
+                       daemon_tables={"residency": {"enabled": False}},
+                       description="ablation: execgated admitting calls, idle sandboxes left "
+                                   "resident (no reclaim, no freeze)")
+_ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION, NO_GROWTH, NO_RESIDENCY)
 
 SCHEMES: dict[str, Scheme] = {
     s.name: s for s in (EAGER, STATIC, RESERVE, AGENTCGROUP, EXECGATE, *_ABLATIONS)
 }
 DEFAULT_SCHEMES = ("eager,static,reserve,agentcgroup,execgate,execgate-noadmit,"
-                   "execgate-nogrowth")
+                   "execgate-nogrowth,execgate-noresidency")
 DEFAULT_STATIC_K = (1, 2, 4, 8)
 
 

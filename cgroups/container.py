@@ -51,6 +51,19 @@ def is_prepared(cg: str) -> bool:
     return os.path.isdir(os.path.join(cg, INIT))
 
 
+def thaw_init(cg: str) -> bool:
+    """Thaw init/ if execgate froze it (an idle sandbox under pressure); whether it was frozen.
+    init/'s own cgroup.freeze is only ever ours: `docker pause` freezes the container's."""
+    leaf = os.path.join(cg, INIT)
+    try:
+        if v2.read_int(leaf, "cgroup.freeze") != 1:
+            return False
+        v2.write(leaf, "cgroup.freeze", "0")
+        return True
+    except OSError:
+        return False
+
+
 def new_tool_name() -> str:
     """A fresh tool-call name; 48 random bits keep it unique on the host, not just here."""
     return TOOL_PREFIX + os.urandom(6).hex()

@@ -17,6 +17,17 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+AGENT_ANNOTATION = "execgate.agent"  # "inside": the container's agent runs in it
+
+
+def agent_inside(record: dict[str, Any], default: bool) -> bool:
+    """Whether a container's agent runs inside it (annotation first, then the config default)."""
+    value = (record.get("annotations") or {}).get(AGENT_ANNOTATION)
+    if value is None:
+        return default
+    return str(value).strip().lower() == "inside"
+
+
 def _containers_dir(state_dir: str) -> str:
     return os.path.join(state_dir, "containers")
 

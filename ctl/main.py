@@ -43,6 +43,12 @@ def print_daemon(d: dict[str, Any]) -> None:
     print(f"growth gate: {growth.get('actuator') or 'none'} ({growth.get('reason', '-')}); "
           f"yellow slots b={growth.get('budget', '-')}; held now: {', '.join(held) or 'none'}")
     print_probes(d.get("probes") or {})
+    res = d.get("residency") or {}
+    if res:
+        print(f"residency: {'on' if res.get('enabled') else 'off'} (idle after "
+              f"{res.get('idle_after_s')} s); frozen {res.get('frozen', 0)}, thawed "
+              f"{res.get('thawed', 0)}, {res.get('reclaims', 0)} reclaims took "
+              f"{_mib(res.get('reclaimed_bytes'))}")
     queued = adm.get("queued") or []
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "
@@ -81,6 +87,8 @@ def print_status(snap: dict[str, Any], source: str) -> None:
     print(f"{'CONTAINER':<14} {'MANAGED':<8} {'MEMORY':>9} {'LIMIT':>9} {'CALLS':>5}  NOTE")
     for box in boxes:
         note = "" if box["alive"] else "cgroup gone"
+        if box.get("frozen"):
+            note = "idle, frozen under pressure"
         if not box["managed"]:
             note = box.get("reason") or "unmanaged"
         limit = box.get("memory_max")

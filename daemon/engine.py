@@ -32,6 +32,7 @@ from .domain import Domain, DomainSample
 from .events import EventBus
 from .growth import GrowthGate
 from .probes import ProbeMonitor
+from .residency import Residency
 from .settings import Settings
 from .store import JournalFollower, Store
 
@@ -111,6 +112,8 @@ class Engine:
         self.probes = ProbeMonitor(settings.daemon.probes, self.events, cfg.state_dir,
                                    settings.daemon.oom_record, clock)
         self.pending: dict[str, tuple[dict[str, Any], asyncio.Future[Decision]]] = {}
+        self.residency = Residency(settings.residency, settings.pressure, cfg.state_dir,
+                                   settings.inside.default, self.events, clock)
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
         self.loop = LoopStats()
@@ -153,6 +156,7 @@ class Engine:
                 and msg.get("container") not in self.settings.daemon.priority_sandboxes:
             info = CallInfo(info.call_id, info.sandbox, info.argv, info.declared_bytes, "normal")
         ticket = self.admission.submit(info)
+        self.residency.touch(msg.get("container"))  # thawed before it is admitted
         fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self.pending[info.call_id] = (msg, fut)
         self.events.publish("queued", call=info.call_id, sandbox=info.sandbox,
@@ -192,8 +196,14 @@ class Engine:
             if self.reading is not None:
                 self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
                                    self.sample.budget)
+                self.residency.step(self.reading, self._busy(), self.admission.queued_bytes())
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
+
+    def _busy(self) -> set[str]:
+        """Containers with a tool call running or waiting."""
+        return {c.container for c in self.calls.values()} | {
+            str(msg.get("container")) for msg, _fut in self.pending.values()}
 
     def _assess(self) -> PressureReading:
         """Q(t) from the last domain sample and the growth still expected of admitted calls
@@ -269,6 +279,7 @@ class Engine:
             return
         self.files.forget(call.cgroup)
         self.admission.release(cid)
+        self.residency.touch(call.container)
         self.events.publish(
             "finished", call=cid, container=call.container,
             exit_code=entry.get("exit_code") if entry else None,
@@ -290,6 +301,7 @@ class Engine:
                 "psi_some_avg10": r.psi_some_avg10, "reason": r.reason},
             "admission": self.admission.snapshot(),
             "growth": self.growth.snapshot(),
+            "residency": self.residency.snapshot(),
             "probes": self.probes.snapshot(),
             "history_calls": self.store.count(),
             "loop": self.loop.snapshot(),

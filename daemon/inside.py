@@ -50,7 +50,6 @@ from .settings import InsideConfig, Settings
 
 log = logging.getLogger("execgated.inside")
 
-ANNOTATION = "execgate.agent"
 COMMAND_ANNOTATION = "execgate.agent.command"
 XATTR = "trusted.execgate.inside"  # on a tool cgroup: "spare", or the call (for a restart)
 INIT_WRAPPERS = frozenset({"docker-init", "tini", "dumb-init", "catatonit"})
@@ -153,14 +152,6 @@ class Tracker:
                 del table[tgid]
         for tgid in [t for t, p in self.pending.items() if p[1] == cid]:
             del self.pending[tgid]
-
-
-def opted_in(record: dict[str, Any], default: bool) -> bool:
-    """Whether a container's agent runs inside it (annotation first, then the config default)."""
-    value = (record.get("annotations") or {}).get(ANNOTATION)
-    if value is None:
-        return default
-    return str(value).strip().lower() == "inside"
 
 
 # -- /proc and cgroupfs helpers ------------------------------------------------------------------
@@ -523,7 +514,8 @@ class InsideAgents:
                 # The init/ + tool-*/ layout is made at `start` (shim/start.py): until then
                 # a tool cgroup would lack its controllers.
                 if not (rec.get("managed") and cg and rec.get("init_pid")
-                        and rec.get("prepared", True) and opted_in(rec, self.conf.default)
+                        and rec.get("prepared", True)
+                        and records.agent_inside(rec, self.conf.default)
                         and container.is_prepared(cg)):
                     continue
                 seen.add(rec["id"])

@@ -125,9 +125,10 @@ async def run(cfg: config_mod.Config) -> None:
     engine = Engine(cfg, settings)
     learned = engine.warm_up()
     adopted = engine.rediscover()
+    thawed = engine.residency.recover()  # a crash never leaves a sandbox frozen
     engine.growth.start()
-    log.info("domain %s; learned from %d past calls; adopted %d running calls",
-             engine.domain.describe(), learned, adopted)
+    log.info("domain %s; learned from %d past calls; adopted %d running calls; thawed %d "
+             "idle sandboxes", engine.domain.describe(), learned, adopted, thawed)
     daemon = Daemon(cfg, engine)
     server = Server(cfg.socket, daemon.handlers, allowed_uids={0})
     await server.start()
@@ -145,6 +146,7 @@ async def run(cfg: config_mod.Config) -> None:
     inside.stop()
     engine.probes.stop()
     await server.close()
+    engine.residency.stop()
     engine.growth.stop()
     engine.store.close()
     log.info("stopped")

@@ -1,5 +1,6 @@
-"""The daemon's tunables: config.toml's [daemon], [pressure], [admission] and [estimate] tables
-mapped onto the policy dataclasses, with sizes written the way hints write them ("512m").
+"""The daemon's tunables: config.toml's [daemon], [pressure], [admission], [estimate], [growth],
+[inside] and [residency] tables mapped onto the policy dataclasses, with sizes written the way
+hints write them ("512m").
 
 A bad value never stops the daemon: it keeps the default and the error is logged.
 """
@@ -16,6 +17,7 @@ from execgate.policy.admission import AdmissionConfig
 from execgate.policy.estimate import EstimateConfig
 from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure import PressureConfig
+from execgate.policy.residency import ResidencyConfig
 
 T = TypeVar("T")
 
@@ -71,6 +73,7 @@ class Settings:
     estimate: EstimateConfig
     growth: GrowthConfig
     inside: InsideConfig = InsideConfig()
+    residency: ResidencyConfig = dataclasses.field(default_factory=ResidencyConfig)
 
 
 def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
@@ -159,6 +162,7 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
         estimate=from_table(EstimateConfig, table("estimate"), "estimate", errors),
         growth=from_table(GrowthConfig, table("growth"), "growth", errors),
         inside=_inside(table("inside"), errors),
+        residency=from_table(ResidencyConfig, table("residency"), "residency", errors),
     )
     if settings.daemon.gate not in ("auto", "sched_ext", "freeze", "off"):
         errors.append(f"[daemon] gate: {settings.daemon.gate!r} is not auto, sched_ext, freeze "

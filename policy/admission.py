@@ -272,6 +272,10 @@ class Admission:
             if not (undeclared_only and e.demand.source == "declared")
         )
 
+    def queued_bytes(self) -> int:
+        """Predicted peaks of the calls still waiting: room that would let them start."""
+        return sum(e.demand.peak_bytes for e in self._queued.values())
+
     def snapshot(self) -> dict[str, Any]:
         """JSON-ready view for `execgatectl status`: queues, running calls, charges, credit."""
         now = self.clock()

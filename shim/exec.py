@@ -99,6 +99,8 @@ def handle(ctx: Context) -> list[str]:
                            {k: call[k] for k in ("call", "container", "sandbox", "cgroup",
                                                  "argv", "hint")}, ctx.log)
     call["managed"] = answer is not None
+    if answer is None:  # the daemon thaws an idle sandbox when it admits; failing open, we do
+        container.thaw_init(cg)
     if answer is not None:
         call["daemon"] = {"socket": ctx.config.socket,
                           "timeout_s": ctx.config.daemon_timeout_ms / 1000}

@@ -1,8 +1,9 @@
-"""`kill`: thaw the container's tool calls first, so every signal is delivered at once.
+"""`kill`: thaw the container's tool calls and init first, so every signal is delivered at once.
 
-A tool call frozen by the growth gate would sit on a SIGTERM until thawed; the engine expects
-the container to react to it. (docker pause freezes the container's cgroup, not the tool
-cgroups' own cgroup.freeze, so paused containers stay paused.)
+A tool call frozen by the growth gate, or an idle sandbox's init frozen under pressure, would
+sit on a SIGTERM until thawed; the engine expects the container to react to it. (docker pause
+freezes the container's cgroup, not the tool cgroups' or init's own cgroup.freeze, so paused
+containers stay paused.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ def handle(ctx: Context) -> list[str]:
     rec = records.load_container(ctx.config.state_dir, flags.positionals[0]) \
         if flags.positionals else None
     if rec and rec.get("managed"):
+        container.thaw_init(rec["cgroup"])
         for tool in container.tool_cgroups(rec["cgroup"]):
             if v2.read_int(tool, "cgroup.freeze") == 1:
                 v2.write(tool, "cgroup.freeze", "0")

@@ -55,7 +55,7 @@ def test_scheme_definitions_match_the_issue() -> None:
     assert (ablation.runtime, ablation.daemon, ablation.hints) == ("execgate", False, True)
     assert [s.name for s in S.parse_schemes(S.DEFAULT_SCHEMES, (2,))] == [
         "eager", "static-2", "reserve", "agentcgroup", "execgate", "execgate-noadmit",
-        "execgate-nogrowth"]
+        "execgate-nogrowth", "execgate-noresidency"]
 
 
 def test_parse_schemes_expands_static_and_rejects_unknown() -> None:
@@ -90,6 +90,9 @@ def test_the_growth_gate_ablation_turns_the_daemons_gate_off() -> None:
     full = S.bench_config(orig, S.EXECGATE, domain="/sys/fs/cgroup/x.slice", mem_scale=1)
     assert full["daemon"]["gate"] == "freeze"  # the full scheme keeps the host's actuator
     assert nogrowth.daemon and nogrowth.hints and nogrowth.runtime == "execgate"
+    resident = S.bench_config(orig, S.SCHEMES["execgate-noresidency"],
+                              domain="/sys/fs/cgroup/x.slice", mem_scale=1)
+    assert resident["residency"] == {"enabled": False} and resident["daemon"]["gate"] == "freeze"
 
 
 # -- workload transforms -----------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from execgate.common import records
 from execgate.daemon import inside
 from execgate.daemon.inside import EndWatcher, Match, Tracker
 
@@ -85,11 +86,11 @@ def test_pending_is_bounded() -> None:
 
 
 def test_opt_in() -> None:
-    assert inside.opted_in({"annotations": {"execgate.agent": "inside"}}, False)
-    assert inside.opted_in({"annotations": {"execgate.agent": " Inside "}}, False)
-    assert not inside.opted_in({"annotations": {"execgate.agent": "exec"}}, True)
-    assert not inside.opted_in({"annotations": {}}, False)
-    assert inside.opted_in({}, True)
+    assert records.agent_inside({"annotations": {"execgate.agent": "inside"}}, False)
+    assert records.agent_inside({"annotations": {"execgate.agent": " Inside "}}, False)
+    assert not records.agent_inside({"annotations": {"execgate.agent": "exec"}}, True)
+    assert not records.agent_inside({"annotations": {}}, False)
+    assert records.agent_inside({}, True)
 
 
 def test_end_watcher_reports_an_empty_cgroup(tmp_path: Path) -> None:

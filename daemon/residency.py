@@ -1,0 +1,223 @@
+"""Residency of idle sandboxes: the daemon's hands for policy/residency.py.
+
+Freezing acts on a sandbox's ``init/`` leaf, never on the container's own cgroup: that one is
+the engine's (`docker pause` writes its cgroup.freeze) and its tool calls live beside init.
+Nothing else freezes ``init/``, so a daemon that starts and finds one frozen thaws it: a crash
+never leaves a sandbox frozen for longer than a restart. memory.reclaim can take a while, so
+it runs in a worker thread, one sandbox at a time; the control loop never waits for it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from execgate.cgroups import container, v2
+from execgate.common import records
+from execgate.policy.pressure import PressureConfig, PressureReading
+from execgate.policy.pressure_state import Pressure
+from execgate.policy.residency import Action, ResidencyConfig, SandboxView, plan
+
+from .events import EventBus
+
+log = logging.getLogger("execgated")
+
+RESCAN_S = 2.0  # container records are re-read at most this often
+MAX_ACTIVITY = 4096  # containers whose last tool call is remembered
+
+
+@dataclass
+class Box:
+    cid: str
+    cgroup: str
+    freezable: bool
+    last_active: float
+    frozen: bool = False
+    reclaimed: bool = False
+    reclaimed_bytes: int = 0  # over its lifetime, as measured around each reclaim
+
+
+def init_leaf(cg: str) -> str:
+    return os.path.join(cg, container.INIT)
+
+
+class Residency:
+    def __init__(self, cfg: ResidencyConfig, pressure: PressureConfig, state_dir: str,
+                 inside_default: bool, events: EventBus,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.pressure = pressure
+        self.index = records.ContainerIndex(state_dir)
+        self.inside_default = inside_default
+        self.events = events
+        self.clock = clock
+        self.boxes: dict[str, Box] = {}
+        self.activity: dict[str, float] = {}  # last tool call start or end, by container
+        self.started = clock()
+        self.scanned_at = -RESCAN_S
+        self.green_since = clock()
+        self.worker: threading.Thread | None = None
+        self.stats = {"frozen": 0, "thawed": 0, "reclaims": 0, "reclaimed_bytes": 0}
+        self.last_reclaim: dict[str, Any] | None = None
+
+    # -- events from the engine ----------------------------------------------------------------
+
+    def touch(self, cid: str | None) -> None:
+        """A tool call starts or ends in this sandbox: it is active again (and thawed now)."""
+        if not cid:
+            return
+        now = self.activity[cid] = self.clock()
+        if len(self.activity) > MAX_ACTIVITY:  # containers come and go while all is green
+            for old in sorted(self.activity, key=self.activity.__getitem__)[:MAX_ACTIVITY // 2]:
+                del self.activity[old]
+        box = self.boxes.get(cid)
+        if box is None:
+            return
+        box.last_active, box.reclaimed = now, False
+        if box.frozen:
+            self._thaw(box, "a tool call")
+
+    # -- start and stop ------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Thaw what a previous daemon froze (nothing else freezes init/)."""
+        self._rescan(force=True)
+        thawed = 0
+        for box in self.boxes.values():
+            if container.thaw_init(box.cgroup):
+                thawed += 1
+                log.info("residency: thawed %s, frozen by a previous daemon", box.cid[:12])
+        return thawed
+
+    def stop(self) -> None:
+        for box in self.boxes.values():
+            if box.frozen:
+                self._thaw(box, "the daemon stopping")
+        if self.worker is not None:
+            self.worker.join(timeout=5.0)
+
+    # -- every control period ------------------------------------------------------------------
+
+    def step(self, reading: PressureReading, busy: Iterable[str], queued_bytes: int) -> None:
+        """Cheap while green with nothing frozen: one comparison."""
+        now = self.clock()
+        if reading.state == Pressure.GREEN:
+            if not any(b.frozen for b in self.boxes.values()):
+                self.green_since = min(self.green_since, now)
+                return
+        else:
+            self.green_since = now
+        self._rescan()
+        active = set(busy)
+        views = []
+        for box in self.boxes.values():
+            if box.cid in active:
+                box.last_active, box.reclaimed = now, False
+            if box.frozen:  # the runtime thaws by itself when failing open, or on kill
+                box.frozen = v2.read_int(init_leaf(box.cgroup), "cgroup.freeze") == 1
+            idle = None if box.cid in active else now - box.last_active
+            # memory.current only where a reclaim could follow: a few reads, not one per box
+            candidate = (reading.state != Pressure.GREEN and idle is not None
+                         and idle >= self.cfg.idle_after_s and not box.reclaimed)
+            memory = v2.read_int(box.cgroup, "memory.current") if candidate else 0
+            views.append(SandboxView(box.cid, idle, memory or 0, box.freezable, box.frozen,
+                                     box.reclaimed))
+        reclaiming = self.worker is not None and self.worker.is_alive()
+        for action in plan(self.cfg, reading.state, now - self.green_since,
+                           self._need(reading) + queued_bytes, views, reclaiming):
+            self._apply(action, reading)
+
+    def _need(self, reading: PressureReading) -> int:
+        yellow = int(reading.budget * (self.pressure.red_fraction + self.pressure.yellow_fraction))
+        return max(yellow - reading.effective_headroom, 0) if reading.state else 0
+
+    def _apply(self, action: Action, reading: PressureReading) -> None:
+        box = self.boxes.get(action.cid)
+        if box is None:
+            return
+        if action.kind == "thaw":
+            self._thaw(box, "the domain being green")
+        elif action.kind == "freeze":
+            try:
+                v2.write(init_leaf(box.cgroup), "cgroup.freeze", "1")
+            except OSError as e:
+                log.warning("residency: cannot freeze %s: %s", box.cid[:12], e)
+                return
+            box.frozen = True
+            self.stats["frozen"] += 1
+            self.events.publish("residency", action="frozen", container=box.cid,
+                                state=str(reading.state))
+        elif action.kind == "reclaim":
+            box.reclaimed = True
+            self.worker = threading.Thread(target=self._reclaim, args=(box, action.amount),
+                                           name="reclaim", daemon=True)
+            self.worker.start()
+
+    def _thaw(self, box: Box, why: str) -> None:
+        box.frozen = False
+        try:
+            v2.write(init_leaf(box.cgroup), "cgroup.freeze", "0")
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # a removed container has nothing left to thaw
+                log.warning("residency: cannot thaw %s: %s", box.cid[:12], e)
+            return
+        self.stats["thawed"] += 1
+        self.events.publish("residency", action="thawed", container=box.cid, why=why)
+
+    def _reclaim(self, box: Box, amount: int) -> None:
+        """memory.reclaim fails (EAGAIN) when it could not take all it was asked for: what it
+        did take is still gone, and measured here."""
+        before = v2.read_int(box.cgroup, "memory.current") or 0
+        t0 = time.monotonic()
+        error = None
+        try:
+            v2.write(box.cgroup, "memory.reclaim", str(amount))
+        except OSError as e:
+            error = os.strerror(e.errno) if e.errno else str(e)
+        after = v2.read_int(box.cgroup, "memory.current") or 0
+        got = max(before - after, 0)
+        box.reclaimed_bytes += got
+        self.stats["reclaims"] += 1
+        self.stats["reclaimed_bytes"] += got
+        self.last_reclaim = {"container": box.cid, "asked": amount, "reclaimed": got,
+                             "seconds": round(time.monotonic() - t0, 3), "error": error}
+        self.events.publish("residency", action="reclaimed", container=box.cid, asked=amount,
+                            reclaimed=got, error=error)
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    def _rescan(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self.scanned_at < RESCAN_S:
+            return
+        self.scanned_at = now
+        seen = set()
+        for rec in self.index.records():
+            cg = rec.get("cgroup")
+            if not rec.get("managed") or not cg or not container.is_prepared(cg):
+                continue
+            cid = rec["id"]
+            seen.add(cid)
+            if cid not in self.boxes:  # idle since its last call, or since we started
+                self.boxes[cid] = Box(cid, cg, not records.agent_inside(rec, self.inside_default),
+                                      self.activity.get(cid, self.started))
+        for cid in set(self.boxes) - seen:
+            del self.boxes[cid]
+        for cid in set(self.activity) - seen:
+            del self.activity[cid]
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "enabled": self.cfg.enabled, "idle_after_s": self.cfg.idle_after_s,
+            **self.stats, "last_reclaim": self.last_reclaim,
+            "sandboxes": {b.cid: {"idle_s": round(now - b.last_active, 1), "frozen": b.frozen,
+                                  "reclaimed_bytes": b.reclaimed_bytes}
+                          for b in self.boxes.values()},
+        }

@@ -1,0 +1,137 @@
+"""The daemon's residency hands on a fake cgroupfs: freeze and thaw init/, reclaim in a worker,
+thaw on the next call, on a green domain, at stop and after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from execgate.common import records
+from execgate.common.config import Config
+from execgate.daemon import settings
+from execgate.daemon.engine import Engine
+from execgate.daemon.events import EventBus
+from execgate.daemon.residency import Residency
+from execgate.policy.pressure import PressureConfig, assess_pressure
+from execgate.policy.residency import ResidencyConfig
+
+MiB = 1 << 20
+BUDGET = 1024 * MiB
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def sandbox(tmp: Path, cid: str, inside: bool = False, mem: int = 200 * MiB) -> Path:
+    cg = tmp / "cg" / cid
+    (cg / "init").mkdir(parents=True)
+    (cg / "init" / "cgroup.freeze").write_text("0\n")
+    (cg / "memory.current").write_text(f"{mem}\n")
+    (cg / "memory.reclaim").write_text("")
+    rec = {"id": cid, "managed": True, "cgroup": str(cg), "sandbox": cid}
+    if inside:
+        rec["annotations"] = {"execgate.agent": "inside"}
+    records.save_container(str(tmp / "state"), rec)
+    return cg
+
+
+def frozen(cg: Path) -> bool:
+    return (cg / "init" / "cgroup.freeze").read_text().strip() == "1"
+
+
+def reading(available: int):
+    return assess_pressure(PressureConfig(), available, BUDGET)
+
+
+def residency(tmp: Path, clock: Clock, **cfg: object) -> tuple[Residency, EventBus]:
+    events = EventBus()
+    return Residency(ResidencyConfig(**cfg), PressureConfig(), str(tmp / "state"), False,
+                     events, clock), events
+
+
+def test_red_freezes_and_reclaims_idle_sandboxes_and_a_call_thaws_its_own(tmp_path: Path) -> None:
+    clock = Clock()
+    a, b, agent = (sandbox(tmp_path, "a"), sandbox(tmp_path, "b"),
+                   sandbox(tmp_path, "agent", inside=True))
+    res, _ = residency(tmp_path, clock, idle_after_s=20.0)
+    res.touch("b")  # b ran a call just now
+    clock.t += 30
+    res.touch("b")
+    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    assert frozen(a) and not frozen(b) and not frozen(agent)
+    res.worker.join(timeout=5)
+    assert (a / "memory.reclaim").read_text() == str(184 * MiB)  # the longest idle, to the floor
+    snap = res.snapshot()
+    assert snap["frozen"] == 1 and snap["reclaims"] == 1 and snap["sandboxes"]["a"]["frozen"]
+    res.touch("a")  # a tool call arrives in a: thawed before it is admitted
+    assert not frozen(a)
+    # the runtime thawed b's init itself (it failed open): the daemon notices, and refreezes
+    clock.t += 30
+    res.step(reading(40 * MiB), busy={"agent"}, queued_bytes=0)
+    assert frozen(a) and frozen(b) and res.stats["frozen"] == 3  # a is idle again too
+    (b / "init" / "cgroup.freeze").write_text("0\n")
+    res.step(reading(40 * MiB), busy={"agent"}, queued_bytes=0)
+    assert frozen(b) and res.stats["frozen"] == 4
+
+
+def test_busy_sandboxes_are_never_idle_and_yellow_does_not_freeze(tmp_path: Path) -> None:
+    clock = Clock()
+    a = sandbox(tmp_path, "a")
+    res, _ = residency(tmp_path, clock, idle_after_s=20.0)
+    clock.t += 60
+    res.step(reading(40 * MiB), busy={"a"}, queued_bytes=0)
+    assert not frozen(a) and res.worker is None
+    clock.t += 60
+    res.step(reading(328 * MiB), busy=set(), queued_bytes=0)  # yellow
+    assert not frozen(a)
+    res.worker.join(timeout=5)
+    assert (a / "memory.reclaim").read_text() == str(184 * MiB)
+
+
+def test_green_thaws_after_a_while_and_stop_and_recover_thaw(tmp_path: Path) -> None:
+    clock = Clock()
+    a = sandbox(tmp_path, "a")
+    res, _ = residency(tmp_path, clock, idle_after_s=0.0, thaw_after_green_s=10.0, reclaim=False)
+    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    assert frozen(a)
+    res.step(reading(BUDGET), busy=set(), queued_bytes=0)
+    assert frozen(a)
+    clock.t += 11
+    res.step(reading(BUDGET), busy=set(), queued_bytes=0)
+    assert not frozen(a)
+    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    assert frozen(a)
+    res.stop()
+    assert not frozen(a)
+    (a / "init" / "cgroup.freeze").write_text("1\n")  # a daemon crashed with a frozen
+    fresh, _ = residency(tmp_path, clock)
+    assert fresh.recover() == 1 and not frozen(a)
+
+
+def test_engine_thaws_a_sandbox_when_its_call_is_submitted(tmp_path: Path) -> None:
+    a = sandbox(tmp_path, "a")
+    dom = tmp_path / "domain"
+    dom.mkdir()
+    (dom / "memory.max").write_text(f"{BUDGET}\n")
+    (dom / "memory.current").write_text(f"{BUDGET - 40 * MiB}\n")
+    cfg = Config(state_dir=str(tmp_path / "state"), journal=str(tmp_path / "calls.jsonl"),
+                 tables={"daemon": {"domain": str(dom), "store": str(tmp_path / "h.sqlite")},
+                         "residency": {"idle_after_s": 0.0}})
+    s, errors = settings.load(cfg)
+    assert errors == []
+
+    async def scenario() -> None:
+        eng = Engine(cfg, s, Clock())
+        eng.tick()
+        assert frozen(a) and eng.snapshot()["residency"]["frozen"] == 1
+        eng.submit({"call": "tool-1", "container": "a", "sandbox": "a", "cgroup": str(a / "t"),
+                    "argv": ["true"], "hint": None})
+        assert not frozen(a)
+        eng.residency.stop()
+
+    asyncio.run(scenario())
