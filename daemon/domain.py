@@ -1,6 +1,7 @@
 """The workload domain whose memory the daemon schedules: the host, or one parent cgroup.
 
-Read every control period, so it is a handful of small file reads and nothing else.
+Read every control period, so it is a handful of preads on descriptors kept open (opening a
+/proc or cgroup file costs far more than reading it again) and nothing else.
 """
 
 from __future__ import annotations
@@ -8,8 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from execgate.cgroups import v2
-from execgate.common import meminfo
+from .cgfiles import KeptFiles
 
 
 @dataclass(frozen=True)
@@ -20,18 +20,36 @@ class DomainSample:
     psi_some_avg10: float | None
 
 
-def _psi_some_avg10(path: str) -> float | None:
+def meminfo_bytes(data: bytes, key: str) -> int | None:
+    """One field of /proc/meminfo ("MemAvailable:  123 kB") in bytes."""
+    k = key.encode() + b":"
+    if data.startswith(k):
+        i = 0
+    else:
+        i = data.find(b"\n" + k)
+        if i < 0:
+            return None
+        i += 1
+    end = data.find(b"\n", i)
+    fields = data[i + len(k):end if end >= 0 else len(data)].split()
     try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("some "):
-                    for field in line.split()[1:]:
-                        k, _, v = field.partition("=")
-                        if k == "avg10":
-                            return float(v)
-    except (OSError, ValueError):
+        return int(fields[0]) * 1024
+    except (IndexError, ValueError):
         return None
-    return None
+
+
+def psi_some_avg10(data: bytes | None) -> float | None:
+    """`some avg10=` of a PSI file (/proc/pressure/memory, a cgroup's memory.pressure)."""
+    if not data or not data.startswith(b"some "):
+        return None
+    start = data.find(b"avg10=")
+    if start < 0:
+        return None
+    end = data.find(b" ", start)
+    try:
+        return float(data[start + 6:end if end >= 0 else len(data)])
+    except ValueError:
+        return None
 
 
 class Domain:
@@ -41,6 +59,7 @@ class Domain:
         self.spec = spec
         self.cgroup = None if spec == "host" else spec
         self.budget_override = budget_override
+        self.files = KeptFiles(max_open=8)
 
     def describe(self) -> str:
         if self.cgroup is None:
@@ -48,26 +67,40 @@ class Domain:
         missing = "" if os.path.isdir(self.cgroup) else " (missing: measuring the host)"
         return f"cgroup {self.cgroup}{missing}"
 
+    def _meminfo(self) -> tuple[int, int]:
+        """(MemTotal, MemAvailable) of the host."""
+        data = self.files.read("/proc", "meminfo") or b""
+        total = meminfo_bytes(data, "MemTotal") or 0
+        available = meminfo_bytes(data, "MemAvailable")
+        if available is None:
+            available = meminfo_bytes(data, "MemFree") or 0
+        return total, available
+
     def sample(self) -> DomainSample:
-        if self.cgroup is None or not os.path.isdir(self.cgroup):
-            mem = meminfo.read()
-            budget = self.budget_override or mem["MemTotal"]
-            available = mem.get("MemAvailable", mem.get("MemFree", 0))
-            if self.budget_override:  # a configured budget smaller than the host's
-                used = max(mem["MemTotal"] - available, 0)
-                available = min(available, max(self.budget_override - used, 0))
-            return DomainSample(available, budget, max(budget - available, 0),
-                                _psi_some_avg10("/proc/pressure/memory"))
-        current = v2.read_int(self.cgroup, "memory.current") or 0
-        raw_max = v2.read(self.cgroup, "memory.max").strip()
+        if self.cgroup is not None:
+            current = self.files.read_int(self.cgroup, "memory.current")
+            raw = self.files.read(self.cgroup, "memory.max")
+            if current is not None and raw is not None:
+                return self._cgroup(current, raw.strip())
+        total, available = self._meminfo()
+        budget = self.budget_override or total
+        if self.budget_override:  # a configured budget smaller than the host's
+            used = max(total - available, 0)
+            available = min(available, max(self.budget_override - used, 0))
+        return DomainSample(available, budget, max(budget - available, 0),
+                            psi_some_avg10(self.files.read("/proc/pressure", "memory")))
+
+    def _cgroup(self, current: int, raw_max: bytes) -> DomainSample:
+        assert self.cgroup is not None
+        unlimited = raw_max == b"max"
         if self.budget_override:
             budget = self.budget_override
-        elif raw_max == "max":
-            budget = meminfo.read()["MemTotal"]
+        elif unlimited:
+            budget = self._meminfo()[0]
         else:
             budget = int(raw_max)
         available = max(budget - current, 0)
-        if raw_max == "max":  # an unlimited cgroup is still bounded by the host
-            available = min(available, meminfo.read().get("MemAvailable", available))
+        if unlimited:  # an unlimited cgroup is still bounded by the host
+            available = min(available, self._meminfo()[1])
         return DomainSample(available, budget, current,
-                            _psi_some_avg10(os.path.join(self.cgroup, "memory.pressure")))
+                            psi_some_avg10(self.files.read(self.cgroup, "memory.pressure")))

@@ -116,6 +116,8 @@ class Engine:
                                    settings.inside.default, self.events, clock)
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
+        self.sampled_at = float("-inf")
+        self.wake = asyncio.Event()  # a request for the control loop: tick now
         self.loop = LoopStats()
         self.started = time.time()
 
@@ -151,6 +153,7 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
 
     def submit(self, msg: dict[str, Any]) -> tuple[dict[str, Any], asyncio.Future[Decision]]:
+        idle = self.period() > self.settings.daemon.sample_period_s
         info = call_info(msg)
         if info.priority == "high" and info.sandbox not in self.settings.daemon.priority_sandboxes \
                 and msg.get("container") not in self.settings.daemon.priority_sandboxes:
@@ -164,6 +167,8 @@ class Engine:
                             avg=ticket.demand.avg_bytes, source=ticket.demand.source,
                             argv=list(info.argv))
         self._step()
+        if idle:  # the loop waits out an idle period: from now on it ticks every sample period
+            self.wake.set()
         return ({"queue": ticket.queue, "peak": ticket.demand.peak_bytes,
                  "avg": ticket.demand.avg_bytes, "source": ticket.demand.source,
                  "max_wait_s": self.settings.admission.max_admission_wait_s}, fut)
@@ -191,7 +196,7 @@ class Engine:
             self._follow_journal()
             self._sample_calls()
             self.probes.step(self.calls)  # fault rates into LiveCall.extra; OOM kill events
-            self.sample = self.domain.sample()
+            self._sample_domain()
             self._step()
             if self.reading is not None:
                 self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
@@ -199,6 +204,18 @@ class Engine:
                 self.residency.step(self.reading, self._busy(), self.admission.queued_bytes())
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
+
+    def period(self) -> float:
+        """The control period: 100 ms while calls run or wait or the domain is under pressure
+        (the growth gate needs it), longer while idle, so an idle host pays for little."""
+        d = self.settings.daemon
+        if self.calls or self.pending or self.reading is None or self.reading.state:
+            return d.sample_period_s
+        return max(d.idle_period_s, d.sample_period_s)
+
+    def _sample_domain(self) -> None:
+        self.sample = self.domain.sample()
+        self.sampled_at = self.clock()
 
     def _busy(self) -> set[str]:
         """Containers with a tool call running or waiting."""
@@ -208,10 +225,11 @@ class Engine:
     def _assess(self) -> PressureReading:
         """Q(t) from the last domain sample and the growth still expected of admitted calls
         (re-assessed at every step: a call admitted a moment ago has not grown yet)."""
-        if self.sample is None:
-            self.sample = self.domain.sample()
+        if self.clock() - self.sampled_at > self.settings.daemon.sample_period_s:
+            self._sample_domain()  # a request after an idle period: no stale headroom
         usage = {cid: c.last_mem for cid, c in self.calls.items()}
         s = self.sample
+        assert s is not None
         return assess_pressure(self.settings.pressure, s.available, s.budget,
                                predicted_growth=self.admission.predicted_growth(usage),
                                undeclared_growth=self.admission.predicted_growth(usage, True),

@@ -622,7 +622,11 @@ class InsideAgents:
             return
         self.stats["events"] += len(events)
         tracker = self.tracker
-        for ev in events:
+        # Where each process's exit is in this batch: a call whose exit is already here ended
+        # before we could place it, and costs no syscall (most short commands, under load).
+        last_exit = {ev.tgid: i for i, ev in enumerate(events)
+                     if ev.what == proc_events.PROC_EVENT_EXIT and ev.pid == ev.tgid}
+        for i, ev in enumerate(events):
             m = None
             if ev.what == proc_events.PROC_EVENT_FORK:
                 m = tracker.fork(ev.parent_tgid, ev.pid, ev.tgid, ev.timestamp_ns)
@@ -645,6 +649,9 @@ class InsideAgents:
                 continue
             if m.kind == "agent":
                 box.agents.add(m.tgid)
+                continue
+            if last_exit.get(m.tgid, -1) > i:
+                self.stats["missed"] += 1  # it ran unmanaged, as one that ends before the move
                 continue
             try:
                 self._place(m, box)

@@ -108,14 +108,16 @@ class Daemon:
         return None
 
     async def control_loop(self, stop: asyncio.Event) -> None:
-        period = self.engine.settings.daemon.sample_period_s
+        """Ticks every engine.period(); a request (engine.wake) or stop cuts a wait short."""
+        wake = self.engine.wake
         while not stop.is_set():
             try:
                 self.engine.tick()
             except Exception:
                 log.exception("control loop iteration failed")
+            wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=period)
+                await asyncio.wait_for(wake.wait(), timeout=self.engine.period())
 
 
 async def run(cfg: config_mod.Config) -> None:
@@ -138,8 +140,12 @@ async def run(cfg: config_mod.Config) -> None:
     engine.probes.start()  # bcc compiles in a background thread; never delays the socket
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    def on_signal() -> None:
+        stop.set()
+        engine.wake.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     sd_notify("READY=1")
     await daemon.control_loop(stop)
     sd_notify("STOPPING=1")

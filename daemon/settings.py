@@ -29,6 +29,8 @@ class DaemonConfig:
     # Overrides the domain's own size (bytes or "8g"); 0 = the domain's.
     budget_bytes: int = 0
     sample_period_s: float = 0.1
+    # ... while nothing runs, waits or is under pressure (a request wakes the loop at once).
+    idle_period_s: float = 0.5
     # Tool-call history (training data for prediction).
     store: str = "/var/lib/execgate/history.sqlite"
     # How long the runtime waits for an admission answer beyond max_admission_wait.

@@ -155,3 +155,29 @@ def test_protocol_round_trip_and_versions() -> None:
         pass
     else:
         raise AssertionError("garbage must not decode")
+
+
+def test_the_loop_slows_down_only_while_nothing_runs_waits_or_presses(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        eng.tick()
+        assert eng.period() == 0.5 and not eng.wake.is_set()
+        eng.submit(_admit_msg(0, 100 * MiB))
+        assert eng.wake.is_set() and eng.period() == 0.1  # a call runs: every 100 ms
+        eng.wake.clear()
+        eng.submit(_admit_msg(2, 100 * MiB))
+        assert not eng.wake.is_set()  # ticking fast already: no extra tick per request
+        eng.cancel("tool-2")
+        eng.cancel("tool-0")
+        eng.tick()
+        assert eng.period() == 0.5
+        (tmp_path / "domain" / "memory.current").write_text(f"{1000 * MiB}\n")
+        eng.tick()
+        assert eng.reading.state and eng.period() == 0.1  # under pressure: every 100 ms
+        # A request after an idle period sees the domain as it is now, not as last sampled.
+        (tmp_path / "domain" / "memory.current").write_text(f"{64 * MiB}\n")
+        clock.t += 0.5
+        eng.submit(_admit_msg(1, 100 * MiB))
+        assert not eng.reading.state
+
+    asyncio.run(scenario())

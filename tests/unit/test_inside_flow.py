@@ -178,6 +178,28 @@ def test_unrelated_and_grandchildren_are_untouched(tmp_path: Path,
     asyncio.run(scenario())
 
 
+def test_a_call_that_ended_within_the_batch_costs_no_move(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, moves = _setup(tmp_path, monkeypatch)
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            conn = FakeConnector.instances[-1]
+            agent = os.getpid()
+            # One batch: a child forks, execs and exits (a short command read late), and a
+            # pid that is not ours exits first, which must not hide a later call.
+            conn.push(ProcEvent(proc_events.PROC_EVENT_EXIT, 0, 0, 4245, 4245),
+                      *_events(agent, 4244),
+                      ProcEvent(proc_events.PROC_EVENT_EXIT, 0, 0, 4244, 4244, exit_code=0))
+            await asyncio.sleep(0.05)
+            assert moves == [] and agents.calls == {} and agents.stats["missed"] == 1
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
 def test_no_opt_in_no_listening(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agents, cg, _moves = _setup(tmp_path, monkeypatch)
     rec = tmp_path / "state" / "containers" / "box.json"
