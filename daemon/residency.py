@@ -41,6 +41,11 @@ class Box:
     frozen: bool = False
     reclaimed: bool = False
     reclaimed_bytes: int = 0  # over its lifetime, as measured around each reclaim
+    cpu: tuple[float, int] | None = None  # (when, cpu.stat usage_usec): the busy check's base
+    busy: bool | None = None  # used more than busy_cpu over the last second; None: not known
+
+
+CPU_WINDOW_S = 1.0
 
 
 def init_leaf(cg: str) -> str:
@@ -79,7 +84,7 @@ class Residency:
         box = self.boxes.get(cid)
         if box is None:
             return
-        box.last_active, box.reclaimed = now, False
+        box.last_active, box.reclaimed, box.cpu, box.busy = now, False, None, None
         if box.frozen:
             self._thaw(box, "a tool call")
 
@@ -118,10 +123,12 @@ class Residency:
         views = []
         for box in self.boxes.values():
             if box.cid in active:
-                box.last_active, box.reclaimed = now, False
+                box.last_active, box.reclaimed, box.cpu, box.busy = now, False, None, None
             if box.frozen:  # the runtime thaws by itself when failing open, or on kill
                 box.frozen = v2.read_int(init_leaf(box.cgroup), "cgroup.freeze") == 1
             idle = None if box.cid in active else now - box.last_active
+            if idle is not None and idle >= self.cfg.idle_after_s and not self._quiet(box, now):
+                idle = None  # at work without a tool call (or not known yet): not idle
             # memory.current only where a reclaim could follow: a few reads, not one per box
             candidate = (reading.state != Pressure.GREEN and idle is not None
                          and idle >= self.cfg.idle_after_s and not box.reclaimed)
@@ -132,6 +139,23 @@ class Residency:
         for action in plan(self.cfg, reading.state, now - self.green_since,
                            self._need(reading) + queued_bytes, views, reclaiming):
             self._apply(action, reading)
+
+    def _quiet(self, box: Box, now: float) -> bool:
+        """Whether the sandbox used at most busy_cpu over the last second (cpu.stat); a busy
+        one counts as active from now on."""
+        if box.frozen:
+            return True
+        if box.cpu is None or now - box.cpu[0] >= CPU_WINDOW_S:
+            usec = v2.read_keyed(box.cgroup, "cpu.stat").get("usage_usec")
+            if usec is None:
+                return True  # nothing to tell by: idle by calls alone
+            if box.cpu is not None:
+                rate = (usec - box.cpu[1]) / 1e6 / (now - box.cpu[0])
+                box.busy = rate > self.cfg.busy_cpu
+                if box.busy:
+                    box.last_active = now
+            box.cpu = (now, usec)
+        return box.busy is False
 
     def _need(self, reading: PressureReading) -> int:
         yellow = int(reading.budget * (self.pressure.red_fraction + self.pressure.yellow_fraction))
@@ -204,9 +228,10 @@ class Residency:
                 continue
             cid = rec["id"]
             seen.add(cid)
-            if cid not in self.boxes:  # idle since its last call, or since we started
+            if cid not in self.boxes:  # idle since its last call, its start, or ours
+                created = now - max(time.time() - float(rec.get("created") or 0), 0.0)
                 self.boxes[cid] = Box(cid, cg, not records.agent_inside(rec, self.inside_default),
-                                      self.activity.get(cid, self.started))
+                                      self.activity.get(cid, max(self.started, created)))
         for cid in set(self.boxes) - seen:
             del self.boxes[cid]
         for cid in set(self.activity) - seen:

@@ -31,8 +31,11 @@ class ResidencyConfig:
     """[residency] in config.toml."""
 
     enabled: bool = True
-    # A sandbox with no tool call for this long is idle (LLM waits last seconds to minutes).
+    # A sandbox with no tool call for this long is idle (LLM waits last seconds to minutes) ...
     idle_after_s: float = 20.0
+    # ... unless what runs in it (its init, a server) used more CPU than this over the last
+    # second: a sandbox at work is not idle, whoever started the work.
+    busy_cpu: float = 0.05
     # Yellow or worse: reclaim idle sandboxes' memory.
     reclaim: bool = True
     # Red: freeze idle sandboxes' init leaf (inside agents never).
@@ -44,8 +47,8 @@ class ResidencyConfig:
     thaw_after_green_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.idle_after_s < 0 or self.thaw_after_green_s < 0:
-            raise ValueError("idle_after_s and thaw_after_green_s must be >= 0")
+        if self.idle_after_s < 0 or self.thaw_after_green_s < 0 or self.busy_cpu < 0:
+            raise ValueError("idle_after_s, thaw_after_green_s and busy_cpu must be >= 0")
         if self.keep_bytes < 0 or self.reclaim_min_bytes < 0:
             raise ValueError("keep_bytes and reclaim_min_bytes must be >= 0")
 
@@ -55,7 +58,7 @@ class SandboxView:
     """One sandbox as the policy sees it."""
 
     cid: str
-    idle_s: float | None  # None: a tool call runs or waits in it
+    idle_s: float | None  # None: a tool call runs or waits in it, or it is busy
     memory: int  # memory.current of the whole sandbox
     freezable: bool  # not an inside agent
     frozen: bool

@@ -38,6 +38,17 @@ def _frozen(cg: str) -> bool:
     return _int(os.path.join(cg, "init"), "cgroup.freeze") == 1
 
 
+def _diagnosis(cg: str, hog: str) -> str:
+    """What the daemon and the kernel saw, for a failure message."""
+    daemon = ctl_status().get("daemon") or {}
+    slice_cg = os.path.dirname(cg)
+    state = docker("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
+                   hog, check=False).stdout.decode().strip()
+    return (f"slice memory.current {_int(slice_cg, 'memory.current') >> 20} MiB, sandbox "
+            f"{_int(cg, 'memory.current') >> 20} MiB, frozen {_frozen(cg)}; other sandbox: "
+            f"{state}; pressure {daemon.get('pressure')}; residency {daemon.get('residency')}")
+
+
 def test_idle_sandboxes_are_reclaimed_and_frozen_under_pressure(containers: Containers) -> None:
     with memory_domain(containers, SLICE, BUDGET, 1, CONFIG) as (cached,):
         cg = container_cgroup(cached)
@@ -50,16 +61,19 @@ def test_idle_sandboxes_are_reclaimed_and_frozen_under_pressure(containers: Cont
         # Another sandbox's resident memory takes the slice into red.
         hog = containers.run("--cgroup-parent", SLICE, cmd=(
             "memload", "--peak-mib", str(HOG_MIB), "--duration", "3600", "--hold", "3600"))
-        wait_for(lambda: ctl_status()["daemon"]["pressure"]["state"] == "red", timeout=120,
-                 what="red pressure")
         t0 = time.monotonic()
-        wait_for(lambda: _frozen(cg), timeout=120, interval=0.2, what="the idle sandbox frozen")
-        wait_for(lambda: _int(cg, "memory.current") < before - CACHE_MIB * MiB // 2,
-                 timeout=120, interval=0.2, what="its page cache reclaimed")
+        try:
+            wait_for(lambda: _frozen(cg), timeout=180, interval=0.2,
+                     what="the idle sandbox frozen")
+            wait_for(lambda: _int(cg, "memory.current") < before - CACHE_MIB * MiB // 2,
+                     timeout=120, interval=0.2, what="its page cache reclaimed")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {_diagnosis(cg, hog)}") from None
         after = _int(cg, "memory.current")
         print(f"residency: frozen and reclaimed {before >> 20} -> {after >> 20} MiB "
-              f"{time.monotonic() - t0:.1f} s after red")
+              f"{time.monotonic() - t0:.1f} s after the other sandbox started")
         snap = ctl_status()
+        assert snap["daemon"]["pressure"]["state"] == "red", _diagnosis(cg, hog)
         res = snap["daemon"]["residency"]
         assert res["frozen"] >= 1 and res["reclaims"] >= 1 and res["reclaimed_bytes"] > 0, res
         box = {b["id"]: b for b in snap["sandboxes"]}[cached]

@@ -4,6 +4,7 @@ thaw on the next call, on a green domain, at stop and after a crash."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from execgate.common import records
@@ -27,13 +28,14 @@ class Clock:
         return self.t
 
 
-def sandbox(tmp: Path, cid: str, inside: bool = False, mem: int = 200 * MiB) -> Path:
+def sandbox(tmp: Path, cid: str, inside: bool = False, mem: int = 200 * MiB,
+            created: float = 0.0) -> Path:
     cg = tmp / "cg" / cid
     (cg / "init").mkdir(parents=True)
     (cg / "init" / "cgroup.freeze").write_text("0\n")
     (cg / "memory.current").write_text(f"{mem}\n")
     (cg / "memory.reclaim").write_text("")
-    rec = {"id": cid, "managed": True, "cgroup": str(cg), "sandbox": cid}
+    rec = {"id": cid, "managed": True, "cgroup": str(cg), "sandbox": cid, "created": created}
     if inside:
         rec["annotations"] = {"execgate.agent": "inside"}
     records.save_container(str(tmp / "state"), rec)
@@ -135,3 +137,36 @@ def test_engine_thaws_a_sandbox_when_its_call_is_submitted(tmp_path: Path) -> No
         eng.residency.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_sandbox_at_work_or_just_started_is_not_idle(tmp_path: Path) -> None:
+    clock = Clock()
+    busy = sandbox(tmp_path, "busy")
+    new = sandbox(tmp_path, "new", created=time.time() + 40)  # started 40 s after the daemon
+    res, _ = residency(tmp_path, clock, idle_after_s=20.0, reclaim=False)
+    usec = 0
+
+    def run(cpu_s: float) -> None:
+        nonlocal usec
+        usec += int(cpu_s * 1e6)
+        (busy / "cpu.stat").write_text(f"usage_usec {usec}\nuser_usec 0\n")
+
+    run(0)
+    clock.t += 50
+    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)  # a first CPU sample: not known
+    assert not frozen(busy) and not frozen(new)
+    for _ in range(3):  # its init allocates: half a CPU, second after second
+        clock.t += 1.0
+        run(0.5)
+        res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+        assert not frozen(busy)
+    for _ in range(2):  # done: quiet for a second, but active a moment ago
+        clock.t += 1.0
+        run(0.001)
+        res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    assert not frozen(busy)
+    clock.t += 20.0
+    run(0.001)
+    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    assert frozen(busy)  # quiet and without a call for idle_after_s
+    assert frozen(new)  # 20 s after it started
