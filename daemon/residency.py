@@ -112,6 +112,12 @@ class Residency:
     def step(self, reading: PressureReading, busy: Iterable[str], queued_bytes: int) -> None:
         """Cheap while green with nothing frozen: one comparison."""
         now = self.clock()
+        done = self.last_reclaim
+        if done is not None and not done["published"] and not self.worker_alive():
+            done["published"] = True
+            self.events.publish("residency", action="reclaimed", container=done["container"],
+                                asked=done["asked"], reclaimed=done["reclaimed"],
+                                error=done["error"])
         if reading.state == Pressure.GREEN:
             if not any(b.frozen for b in self.boxes.values()):
                 self.green_since = min(self.green_since, now)
@@ -135,7 +141,7 @@ class Residency:
             memory = v2.read_int(box.cgroup, "memory.current") if candidate else 0
             views.append(SandboxView(box.cid, idle, memory or 0, box.freezable, box.frozen,
                                      box.reclaimed))
-        reclaiming = self.worker is not None and self.worker.is_alive()
+        reclaiming = self.worker_alive()
         for action in plan(self.cfg, reading.state, now - self.green_since,
                            self._need(reading) + queued_bytes, views, reclaiming):
             self._apply(action, reading)
@@ -156,6 +162,9 @@ class Residency:
                     box.last_active = now
             box.cpu = (now, usec)
         return box.busy is False
+
+    def worker_alive(self) -> bool:
+        return self.worker is not None and self.worker.is_alive()
 
     def _need(self, reading: PressureReading) -> int:
         yellow = int(reading.budget * (self.pressure.red_fraction + self.pressure.yellow_fraction))
@@ -209,10 +218,10 @@ class Residency:
         box.reclaimed_bytes += got
         self.stats["reclaims"] += 1
         self.stats["reclaimed_bytes"] += got
+        # Published by the loop's next step: the event bus's queues belong to its thread.
         self.last_reclaim = {"container": box.cid, "asked": amount, "reclaimed": got,
-                             "seconds": round(time.monotonic() - t0, 3), "error": error}
-        self.events.publish("residency", action="reclaimed", container=box.cid, asked=amount,
-                            reclaimed=got, error=error)
+                             "seconds": round(time.monotonic() - t0, 3), "error": error,
+                             "published": False}
 
     # -- sandboxes -----------------------------------------------------------------------------
 
@@ -241,7 +250,8 @@ class Residency:
         now = self.clock()
         return {
             "enabled": self.cfg.enabled, "idle_after_s": self.cfg.idle_after_s,
-            **self.stats, "last_reclaim": self.last_reclaim,
+            **self.stats, "last_reclaim": self.last_reclaim and {
+                k: v for k, v in self.last_reclaim.items() if k != "published"},
             "sandboxes": {b.cid: {"idle_s": round(now - b.last_active, 1), "frozen": b.frozen,
                                   "reclaimed_bytes": b.reclaimed_bytes}
                           for b in self.boxes.values()},

@@ -42,6 +42,13 @@ def sandbox(tmp: Path, cid: str, inside: bool = False, mem: int = 200 * MiB,
     return cg
 
 
+def _drain(q: asyncio.Queue) -> list[dict]:
+    out = []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return out
+
+
 def frozen(cg: Path) -> bool:
     return (cg / "init" / "cgroup.freeze").read_text().strip() == "1"
 
@@ -60,7 +67,8 @@ def test_red_freezes_and_reclaims_idle_sandboxes_and_a_call_thaws_its_own(tmp_pa
     clock = Clock()
     a, b, agent = (sandbox(tmp_path, "a"), sandbox(tmp_path, "b"),
                    sandbox(tmp_path, "agent", inside=True))
-    res, _ = residency(tmp_path, clock, idle_after_s=20.0)
+    res, events = residency(tmp_path, clock, idle_after_s=20.0)
+    seen = events.subscribe()
     res.touch("b")  # b ran a call just now
     clock.t += 30
     res.touch("b")
@@ -70,6 +78,11 @@ def test_red_freezes_and_reclaims_idle_sandboxes_and_a_call_thaws_its_own(tmp_pa
     assert (a / "memory.reclaim").read_text() == str(184 * MiB)  # the longest idle, to the floor
     snap = res.snapshot()
     assert snap["frozen"] == 1 and snap["reclaims"] == 1 and snap["sandboxes"]["a"]["frozen"]
+    assert [e["action"] for e in _drain(seen)] == ["frozen"]  # the reclaim is not told yet ...
+    res.step(reading(40 * MiB), busy={"a", "b", "agent"}, queued_bytes=0)
+    told = _drain(seen)  # ... but by the loop's next step, in the loop's thread
+    assert [(e["action"], e["container"], e["reclaimed"]) for e in told] == [
+        ("reclaimed", "a", 0)]
     res.touch("a")  # a tool call arrives in a: thawed before it is admitted
     assert not frozen(a)
     # the runtime thawed b's init itself (it failed open): the daemon notices, and refreezes
