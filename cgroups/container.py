@@ -25,7 +25,7 @@ def prepare(cg: str, controllers: tuple[str, ...]) -> list[str]:
     The container is frozen meanwhile, so nothing forks into the parent behind our back; a
     container the engine itself paused stays paused.
     """
-    leaf = os.path.join(cg, INIT)
+    leaf = init_leaf(cg)
     os.makedirs(leaf, exist_ok=True)
     was_frozen = v2.read_int(cg, "cgroup.freeze") == 1
     if not was_frozen:
@@ -47,21 +47,18 @@ def prepare(cg: str, controllers: tuple[str, ...]) -> list[str]:
             v2.write(cg, "cgroup.freeze", "0")
 
 
+def init_leaf(cg: str) -> str:
+    return os.path.join(cg, INIT)
+
+
 def is_prepared(cg: str) -> bool:
-    return os.path.isdir(os.path.join(cg, INIT))
+    return os.path.isdir(init_leaf(cg))
 
 
 def thaw_init(cg: str) -> bool:
     """Thaw init/ if execgate froze it (an idle sandbox under pressure); whether it was frozen.
     init/'s own cgroup.freeze is only ever ours: `docker pause` freezes the container's."""
-    leaf = os.path.join(cg, INIT)
-    try:
-        if v2.read_int(leaf, "cgroup.freeze") != 1:
-            return False
-        v2.write(leaf, "cgroup.freeze", "0")
-        return True
-    except OSError:
-        return False
+    return v2.thaw(init_leaf(cg))
 
 
 def new_tool_name() -> str:

@@ -67,6 +67,18 @@ def procs(cg: str) -> list[int]:
         return []
 
 
+def thaw(cg: str) -> bool:
+    """Thaw a cgroup frozen through its own cgroup.freeze; whether it was. A cgroup that is gone
+    (or never was) has nothing to thaw."""
+    try:
+        if read_int(cg, "cgroup.freeze") != 1:
+            return False
+        write(cg, "cgroup.freeze", "0")
+        return True
+    except OSError:
+        return False
+
+
 def populated(cg: str) -> bool:
     return read_keyed(cg, "cgroup.events").get("populated", 0) == 1
 

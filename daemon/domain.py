@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from execgate.common import meminfo
+
 from .cgfiles import KeptFiles
 
 
@@ -18,24 +20,6 @@ class DomainSample:
     budget: int  # the domain's size
     used: int
     psi_some_avg10: float | None
-
-
-def meminfo_bytes(data: bytes, key: str) -> int | None:
-    """One field of /proc/meminfo ("MemAvailable:  123 kB") in bytes."""
-    k = key.encode() + b":"
-    if data.startswith(k):
-        i = 0
-    else:
-        i = data.find(b"\n" + k)
-        if i < 0:
-            return None
-        i += 1
-    end = data.find(b"\n", i)
-    fields = data[i + len(k):end if end >= 0 else len(data)].split()
-    try:
-        return int(fields[0]) * 1024
-    except (IndexError, ValueError):
-        return None
 
 
 def psi_some_avg10(data: bytes | None) -> float | None:
@@ -70,10 +54,10 @@ class Domain:
     def _meminfo(self) -> tuple[int, int]:
         """(MemTotal, MemAvailable) of the host."""
         data = self.files.read("/proc", "meminfo") or b""
-        total = meminfo_bytes(data, "MemTotal") or 0
-        available = meminfo_bytes(data, "MemAvailable")
+        total = meminfo.field(data, "MemTotal") or 0
+        available = meminfo.field(data, "MemAvailable")
         if available is None:
-            available = meminfo_bytes(data, "MemFree") or 0
+            available = meminfo.field(data, "MemFree") or 0
         return total, available
 
     def sample(self) -> DomainSample:
@@ -93,14 +77,10 @@ class Domain:
     def _cgroup(self, current: int, raw_max: bytes) -> DomainSample:
         assert self.cgroup is not None
         unlimited = raw_max == b"max"
-        if self.budget_override:
-            budget = self.budget_override
-        elif unlimited:
-            budget = self._meminfo()[0]
-        else:
-            budget = int(raw_max)
+        host_total, host_available = self._meminfo() if unlimited else (0, 0)
+        budget = self.budget_override or (host_total if unlimited else int(raw_max))
         available = max(budget - current, 0)
         if unlimited:  # an unlimited cgroup is still bounded by the host
-            available = min(available, self._meminfo()[1])
+            available = min(available, host_available)
         return DomainSample(available, budget, current,
                             psi_some_avg10(self.files.read(self.cgroup, "memory.pressure")))

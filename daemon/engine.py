@@ -201,7 +201,7 @@ class Engine:
             if self.reading is not None:
                 self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
                                    self.sample.budget)
-                self.residency.step(self.reading, self._busy(), self.admission.queued_bytes())
+                self.residency.step(self.reading, self._busy, self.admission.queued_bytes)
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
 

@@ -870,9 +870,7 @@ class InsideAgents:
             mark = _get_xattr(tool)
             if mark is None and not self._starting:
                 continue
-            with contextlib.suppress(OSError):
-                if v2.read_int(tool, "cgroup.freeze") == 1:
-                    v2.write(tool, "cgroup.freeze", "0")
+            v2.thaw(tool)
             if mark is None:
                 continue
             name = os.path.basename(tool)

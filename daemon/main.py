@@ -140,6 +140,7 @@ async def run(cfg: config_mod.Config) -> None:
     engine.probes.start()  # bcc compiles in a background thread; never delays the socket
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
     def on_signal() -> None:
         stop.set()
         engine.wake.set()

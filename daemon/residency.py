@@ -45,11 +45,12 @@ class Box:
     busy: bool | None = None  # used more than busy_cpu over the last second; None: not known
 
 
+    def mark_active(self, now: float) -> None:
+        """A tool call starts, runs or ends in it: idle time and the busy check start over."""
+        self.last_active, self.reclaimed, self.cpu, self.busy = now, False, None, None
+
+
 CPU_WINDOW_S = 1.0
-
-
-def init_leaf(cg: str) -> str:
-    return os.path.join(cg, container.INIT)
 
 
 class Residency:
@@ -84,7 +85,7 @@ class Residency:
         box = self.boxes.get(cid)
         if box is None:
             return
-        box.last_active, box.reclaimed, box.cpu, box.busy = now, False, None, None
+        box.mark_active(now)
         if box.frozen:
             self._thaw(box, "a tool call")
 
@@ -109,8 +110,11 @@ class Residency:
 
     # -- every control period ------------------------------------------------------------------
 
-    def step(self, reading: PressureReading, busy: Iterable[str], queued_bytes: int) -> None:
-        """Cheap while green with nothing frozen: one comparison."""
+    def step(self, reading: PressureReading, busy: Callable[[], Iterable[str]],
+             queued_bytes: Callable[[], int]) -> None:
+        """Cheap while green with nothing frozen: one comparison (``busy``, the containers with
+        a call running or waiting, and ``queued_bytes``, the waiting calls' demand, are asked
+        for only when there is more to do)."""
         now = self.clock()
         done = self.last_reclaim
         if done is not None and not done["published"] and not self.worker_alive():
@@ -125,25 +129,25 @@ class Residency:
         else:
             self.green_since = now
         self._rescan()
-        active = set(busy)
+        active = set(busy())
         views = []
         for box in self.boxes.values():
             if box.cid in active:
-                box.last_active, box.reclaimed, box.cpu, box.busy = now, False, None, None
+                box.mark_active(now)
             if box.frozen:  # the runtime thaws by itself when failing open, or on kill
-                box.frozen = v2.read_int(init_leaf(box.cgroup), "cgroup.freeze") == 1
+                box.frozen = v2.read_int(container.init_leaf(box.cgroup), "cgroup.freeze") == 1
             idle = None if box.cid in active else now - box.last_active
-            if idle is not None and idle >= self.cfg.idle_after_s and not self._quiet(box, now):
-                idle = None  # at work without a tool call (or not known yet): not idle
+            eligible = idle is not None and idle >= self.cfg.idle_after_s
+            if eligible and not self._quiet(box, now):
+                idle, eligible = None, False  # at work without a tool call (or not known yet)
             # memory.current only where a reclaim could follow: a few reads, not one per box
-            candidate = (reading.state != Pressure.GREEN and idle is not None
-                         and idle >= self.cfg.idle_after_s and not box.reclaimed)
+            candidate = eligible and reading.state != Pressure.GREEN and not box.reclaimed
             memory = v2.read_int(box.cgroup, "memory.current") if candidate else 0
             views.append(SandboxView(box.cid, idle, memory or 0, box.freezable, box.frozen,
                                      box.reclaimed))
         reclaiming = self.worker_alive()
         for action in plan(self.cfg, reading.state, now - self.green_since,
-                           self._need(reading) + queued_bytes, views, reclaiming):
+                           self._need(reading) + queued_bytes(), views, reclaiming):
             self._apply(action, reading)
 
     def _quiet(self, box: Box, now: float) -> bool:
@@ -178,7 +182,7 @@ class Residency:
             self._thaw(box, "the domain being green")
         elif action.kind == "freeze":
             try:
-                v2.write(init_leaf(box.cgroup), "cgroup.freeze", "1")
+                v2.write(container.init_leaf(box.cgroup), "cgroup.freeze", "1")
             except OSError as e:
                 log.warning("residency: cannot freeze %s: %s", box.cid[:12], e)
                 return
@@ -195,7 +199,7 @@ class Residency:
     def _thaw(self, box: Box, why: str) -> None:
         box.frozen = False
         try:
-            v2.write(init_leaf(box.cgroup), "cgroup.freeze", "0")
+            v2.write(container.init_leaf(box.cgroup), "cgroup.freeze", "0")
         except OSError as e:
             if e.errno != errno.ENOENT:  # a removed container has nothing left to thaw
                 log.warning("residency: cannot thaw %s: %s", box.cid[:12], e)

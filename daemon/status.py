@@ -48,8 +48,7 @@ def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
                            os.path.exists(os.path.join(cg, "memory.max")) else None),
             "calls": [_live_call(p, now) for p in container.tool_cgroups(cg)] if alive else [],
             # init/ frozen by residency (an idle sandbox under red pressure)
-            "frozen": alive and v2.read_int(os.path.join(cg, container.INIT),
-                                            "cgroup.freeze") == 1,
+            "frozen": alive and v2.read_int(container.init_leaf(cg), "cgroup.freeze") == 1,
         })
     finished = records.tail_journal(cfg.journal, recent)
     return {"time": now, "sandboxes": sandboxes, "recent_calls": finished}

@@ -101,7 +101,7 @@ def handle(ctx: Context) -> list[str]:
     call["managed"] = answer is not None
     if answer is None:  # the daemon thaws an idle sandbox when it admits; failing open, we do
         container.thaw_init(cg)
-    if answer is not None:
+    else:
         call["daemon"] = {"socket": ctx.config.socket,
                           "timeout_s": ctx.config.daemon_timeout_ms / 1000}
     call["waited_s"] = round(float(answer.get("waited_s", 0.0)), 3) if answer else 0.0

@@ -21,6 +21,5 @@ def handle(ctx: Context) -> list[str]:
     if rec and rec.get("managed"):
         container.thaw_init(rec["cgroup"])
         for tool in container.tool_cgroups(rec["cgroup"]):
-            if v2.read_int(tool, "cgroup.freeze") == 1:
-                v2.write(tool, "cgroup.freeze", "0")
+            v2.thaw(tool)
     return ctx.inv.argv

@@ -6,7 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from execgate.daemon.domain import Domain, meminfo_bytes, psi_some_avg10
+from execgate.common.meminfo import field as meminfo_bytes
+from execgate.daemon.domain import Domain, psi_some_avg10
 
 MiB = 1 << 20
 

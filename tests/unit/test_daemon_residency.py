@@ -57,6 +57,11 @@ def reading(available: int):
     return assess_pressure(PressureConfig(), available, BUDGET)
 
 
+def step(res: Residency, available: int, *busy: str) -> None:
+    """One control period: the domain has `available` bytes; calls run in `busy`."""
+    res.step(reading(available), busy=lambda: busy, queued_bytes=lambda: 0)
+
+
 def residency(tmp: Path, clock: Clock, **cfg: object) -> tuple[Residency, EventBus]:
     events = EventBus()
     return Residency(ResidencyConfig(**cfg), PressureConfig(), str(tmp / "state"), False,
@@ -72,14 +77,14 @@ def test_red_freezes_and_reclaims_idle_sandboxes_and_a_call_thaws_its_own(tmp_pa
     res.touch("b")  # b ran a call just now
     clock.t += 30
     res.touch("b")
-    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    step(res, 40 * MiB)
     assert frozen(a) and not frozen(b) and not frozen(agent)
     res.worker.join(timeout=5)
     assert (a / "memory.reclaim").read_text() == str(184 * MiB)  # the longest idle, to the floor
     snap = res.snapshot()
     assert snap["frozen"] == 1 and snap["reclaims"] == 1 and snap["sandboxes"]["a"]["frozen"]
     assert [e["action"] for e in _drain(seen)] == ["frozen"]  # the reclaim is not told yet ...
-    res.step(reading(40 * MiB), busy={"a", "b", "agent"}, queued_bytes=0)
+    step(res, 40 * MiB, "a", "b", "agent")
     told = _drain(seen)  # ... but by the loop's next step, in the loop's thread
     assert [(e["action"], e["container"], e["reclaimed"]) for e in told] == [
         ("reclaimed", "a", 0)]
@@ -87,10 +92,10 @@ def test_red_freezes_and_reclaims_idle_sandboxes_and_a_call_thaws_its_own(tmp_pa
     assert not frozen(a)
     # the runtime thawed b's init itself (it failed open): the daemon notices, and refreezes
     clock.t += 30
-    res.step(reading(40 * MiB), busy={"agent"}, queued_bytes=0)
+    step(res, 40 * MiB, "agent")
     assert frozen(a) and frozen(b) and res.stats["frozen"] == 3  # a is idle again too
     (b / "init" / "cgroup.freeze").write_text("0\n")
-    res.step(reading(40 * MiB), busy={"agent"}, queued_bytes=0)
+    step(res, 40 * MiB, "agent")
     assert frozen(b) and res.stats["frozen"] == 4
 
 
@@ -99,10 +104,10 @@ def test_busy_sandboxes_are_never_idle_and_yellow_does_not_freeze(tmp_path: Path
     a = sandbox(tmp_path, "a")
     res, _ = residency(tmp_path, clock, idle_after_s=20.0)
     clock.t += 60
-    res.step(reading(40 * MiB), busy={"a"}, queued_bytes=0)
+    step(res, 40 * MiB, "a")
     assert not frozen(a) and res.worker is None
     clock.t += 60
-    res.step(reading(328 * MiB), busy=set(), queued_bytes=0)  # yellow
+    step(res, 328 * MiB)  # yellow
     assert not frozen(a)
     res.worker.join(timeout=5)
     assert (a / "memory.reclaim").read_text() == str(184 * MiB)
@@ -112,14 +117,14 @@ def test_green_thaws_after_a_while_and_stop_and_recover_thaw(tmp_path: Path) -> 
     clock = Clock()
     a = sandbox(tmp_path, "a")
     res, _ = residency(tmp_path, clock, idle_after_s=0.0, thaw_after_green_s=10.0, reclaim=False)
-    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    step(res, 40 * MiB)
     assert frozen(a)
-    res.step(reading(BUDGET), busy=set(), queued_bytes=0)
+    step(res, BUDGET)
     assert frozen(a)
     clock.t += 11
-    res.step(reading(BUDGET), busy=set(), queued_bytes=0)
+    step(res, BUDGET)
     assert not frozen(a)
-    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    step(res, 40 * MiB)
     assert frozen(a)
     res.stop()
     assert not frozen(a)
@@ -166,20 +171,20 @@ def test_a_sandbox_at_work_or_just_started_is_not_idle(tmp_path: Path) -> None:
 
     run(0)
     clock.t += 50
-    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)  # a first CPU sample: not known
+    step(res, 40 * MiB)  # a first CPU sample: not known
     assert not frozen(busy) and not frozen(new)
     for _ in range(3):  # its init allocates: half a CPU, second after second
         clock.t += 1.0
         run(0.5)
-        res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+        step(res, 40 * MiB)
         assert not frozen(busy)
     for _ in range(2):  # done: quiet for a second, but active a moment ago
         clock.t += 1.0
         run(0.001)
-        res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+        step(res, 40 * MiB)
     assert not frozen(busy)
     clock.t += 20.0
     run(0.001)
-    res.step(reading(40 * MiB), busy=set(), queued_bytes=0)
+    step(res, 40 * MiB)
     assert frozen(busy)  # quiet and without a call for idle_after_s
     assert frozen(new)  # 20 s after it started
