@@ -49,6 +49,12 @@ def print_daemon(d: dict[str, Any]) -> None:
               f"{res.get('idle_after_s')} s); frozen {res.get('frozen', 0)}, thawed "
               f"{res.get('thawed', 0)}, {res.get('reclaims', 0)} reclaims took "
               f"{_mib(res.get('reclaimed_bytes'))}")
+    ins = d.get("inside") or {}
+    if ins.get("containers"):
+        print(f"inside agents: {ins['containers']} containers, {ins.get('calls', 0)} calls now; "
+              f"placed {ins.get('placed', 0)}, ended within their first slice "
+              f"{ins.get('short', 0)}, missed {ins.get('missed', 0)}, failed "
+              f"{ins.get('failed', 0)}")
     queued = adm.get("queued") or []
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "

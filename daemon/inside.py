@@ -8,10 +8,16 @@ cgroup, hint, admission, growth gate, journal line and `[execgate]` feedback —
 the agent unmodified:
 
     agent forks C ──fork event──▶ C is pending (a child of the agent that has not exec'd yet)
-    C execs      ──exec event──▶ C moves into a prepared tool-<hex> (one write to cgroup.procs);
-                                 its hint (/proc/C/environ) and a handle on its stderr are taken;
+    C execs      ──exec event──▶ C is a call in its first slice (place_after_ms)
+    C exits      ──exit event──▶ ... within the slice: nothing else happens (most commands)
+    slice over   ──────────────▶ C (and what it forked meanwhile) moves into a prepared
+                                 tool-<hex> (one write to cgroup.procs each); its hint
+                                 (/proc/C/environ) and a handle on its stderr are taken;
                                  the engine admits it (C is frozen only while it waits)
     tool-<hex> empties ─────────▶ outcome, feedback on the kept stderr, journal, rmdir, done
+
+Events are read in batches half a slice apart: following an agent that runs hundreds of short
+commands a second then costs the daemon a few wake-ups per slice, not several per command.
 
 Only the agent's own exec'd children match (rule "child"; "first-exec" also follows children
 that only forked, e.g. subshells); descendants follow by cgroup inheritance. The agent itself is
@@ -91,6 +97,7 @@ class Tracker:
         self.pending: OrderedDict[int, tuple[int, str, bool]] = OrderedDict()
         self.recent_exec: OrderedDict[int, int] = OrderedDict()  # tgid -> timestamp
         self.recent_exit: OrderedDict[int, int] = OrderedDict()
+        self.gone_before_fork = 0  # children of agents that ended before their fork was read
 
     @staticmethod
     def _put(table: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:
@@ -117,6 +124,7 @@ class Tracker:
         gone = self.recent_exit.pop(tgid, None)
         execd = self.recent_exec.pop(tgid, None)
         if gone is not None and ts - gone < self.RACE_NS:
+            self.gone_before_fork += 1
             return None  # it came and went before its fork was reported
         self._put(self.pending, tgid, entry, self.max_pending)
         if execd is not None and ts - execd < self.RACE_NS:
@@ -422,7 +430,11 @@ class InsideAgents:
         self._overruns = 0
         self._starting = False
         self._retry_listen_at = 0.0
-        self.stats = {"placed": 0, "missed": 0, "failed": 0, "events": 0}
+        self.stats = {"placed": 0, "short": 0, "missed": 0, "failed": 0, "events": 0}
+        # Calls in their first slice (place_after_ms): tgid -> (timer, match).
+        self._due: dict[int, tuple[asyncio.TimerHandle, Match]] = {}
+        self._slice_ns = int(self.conf.place_after_ms * 1e6)
+        self._batch_s = self.conf.place_after_ms / 2000
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -448,6 +460,9 @@ class InsideAgents:
         """Shutting down: nothing of ours may stay frozen while the daemon is gone."""
         if self._task is not None:
             self._task.cancel()
+        for handle, _m in self._due.values():
+            handle.cancel()
+        self._due.clear()
         for c in list(self.calls.values()):
             if c.frozen:
                 self._thaw(c)
@@ -475,7 +490,7 @@ class InsideAgents:
                           "(retry in 30 s)", e)
                 return
             self.conn = conn
-            self.loop.add_reader(conn.fileno(), self._on_events)
+            self.loop.add_reader(conn.fileno(), self._readable)
             log.info("inside agents: listening to process events (kernel filter: %s)",
                      conn.filtered)
         elif not on and self.conn is not None:
@@ -612,9 +627,23 @@ class InsideAgents:
 
     # -- events --------------------------------------------------------------------------------
 
+    def _readable(self) -> None:
+        """Events are waiting: read them a moment later, in one batch. A command is not placed
+        before its first slice anyway, and waking once per few commands instead of once per
+        event is most of what following a busy agent costs."""
+        if self.conn is None or self._batch_s <= 0:
+            self._on_events()
+            return
+        assert self.loop is not None
+        self.loop.remove_reader(self.conn.fileno())
+        self.loop.call_later(self._batch_s, self._on_events)
+
     def _on_events(self) -> None:
         if self.conn is None:
             return
+        if self._batch_s > 0:
+            assert self.loop is not None
+            self.loop.add_reader(self.conn.fileno(), self._readable)
         try:
             events = self.conn.read()
         except OSError as e:
@@ -639,6 +668,9 @@ class InsideAgents:
                 if call is not None:
                     call.status = ev.exit_code
                     call.exited.set()
+                elif ev.pid == ev.tgid and (due := self._due.pop(ev.tgid, None)) is not None:
+                    due[0].cancel()
+                    self.stats["short"] += 1  # ended within its first slice: nothing to do
                 cid = tracker.exit(ev.pid, ev.tgid, ev.timestamp_ns)
                 if cid is not None and cid in self.boxes:
                     self.boxes[cid].agents.discard(ev.tgid)
@@ -651,13 +683,29 @@ class InsideAgents:
                 box.agents.add(m.tgid)
                 continue
             if last_exit.get(m.tgid, -1) > i:
-                self.stats["missed"] += 1  # it ran unmanaged, as one that ends before the move
+                self.stats["short"] += 1  # it ended before we could look: nothing to do
                 continue
-            try:
-                self._place(m, box)
-            except Exception:  # a bug here must not stop the event loop
-                self.stats["failed"] += 1
-                log.exception("inside agents: placing %d failed; it runs unmanaged", m.tgid)
+            left = m.exec_ns + self._slice_ns - time.monotonic_ns()
+            if left > 0:
+                assert self.loop is not None
+                self._due[m.tgid] = (self.loop.call_later(left / 1e9, self._place_due, m.tgid),
+                                     m)
+                continue
+            self._try_place(m, box)
+
+    def _place_due(self, tgid: int) -> None:
+        """A call's first slice is over and it still runs: now it is worth a cgroup."""
+        _handle, m = self._due.pop(tgid, (None, None))
+        box = self.boxes.get(m.cid) if m is not None else None
+        if m is not None and box is not None:
+            self._try_place(m, box)
+
+    def _try_place(self, m: Match, box: Box) -> None:
+        try:
+            self._place(m, box)
+        except Exception:  # a bug here must not stop the event loop
+            self.stats["failed"] += 1
+            log.exception("inside agents: placing %d failed; it runs unmanaged", m.tgid)
 
     def _agent_execd(self, tgid: int) -> None:
         """A record names init before `runc start` execs it: if it became an init wrapper
@@ -693,7 +741,8 @@ class InsideAgents:
         if m.tgid in self.by_pid:
             return  # placed already (late, by a scan, before its exec event was read)
         if ppid(m.tgid) != m.parent:
-            return  # gone, or its pid was reused
+            self.stats["short"] += 1  # gone (its exit is on its way), or its pid was reused
+            return
         tool = box.spares.pop(0) if box.spares else self._new_tool(box)
         t0 = time.monotonic_ns()
         try:
@@ -707,6 +756,14 @@ class InsideAgents:
                 log.warning("inside agent in %s: cannot move %d: %s", box.cid[:12], m.tgid, e)
             return
         moved_ns = time.monotonic_ns()
+        # What it forked before the move stays behind unless moved too (anything forked from
+        # now on is born in the tool cgroup, so this walk misses nothing).
+        todo = children(m.tgid)
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(OSError):
+                v2.move(pid, tool)
+            todo.extend(children(pid))
         watcher._raise_oom_score_adj(m.tgid, self.cfg.tool_oom_score_adj)
         mem = memory_status(m.tgid)
         self.stats["placed"] += 1
@@ -905,5 +962,7 @@ class InsideAgents:
             log.info("inside call %s in %s adopted after a restart", name, box.cid[:12])
 
     def snapshot(self) -> dict[str, Any]:
+        stats = dict(self.stats)
+        stats["short"] += self.tracker.gone_before_fork
         return {"containers": len(self.boxes), "listening": self.conn is not None,
-                "calls": len(self.calls), **self.stats}
+                "calls": len(self.calls), **stats}

@@ -44,6 +44,7 @@ class Daemon:
     def __init__(self, cfg: config_mod.Config, engine: Engine) -> None:
         self.cfg = cfg
         self.engine = engine
+        self.inside: InsideAgents | None = None  # set once it listens
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events}
 
@@ -53,6 +54,8 @@ class Daemon:
     async def op_status(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
         snap = await asyncio.to_thread(status.collect, self.cfg, int(msg.get("recent", 20)))
         snap["daemon"] = self.engine.snapshot()
+        if self.inside is not None:
+            snap["daemon"]["inside"] = self.inside.snapshot()
         return protocol.reply(True, status=snap, pid=os.getpid())
 
     async def op_admit(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
@@ -137,6 +140,7 @@ async def run(cfg: config_mod.Config) -> None:
     log.info("listening on %s", cfg.socket)
     inside = InsideAgents(cfg, settings, engine)  # tools spawned by agents inside sandboxes
     inside.start()
+    daemon.inside = inside
     engine.probes.start()  # bcc compiles in a background thread; never delays the socket
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -59,6 +59,9 @@ class InsideConfig:
     # When a placed call stops: "queued" (only while the daemon makes it wait: a call admitted
     # at once never stops) or "always" (it joins a frozen cgroup, thawed once admitted).
     freeze: str = "queued"
+    # A command is placed only once it has run this long since its exec: most commands end
+    # sooner (ls, cat, git status: a few ms), cost nothing then, and cannot burst in that time.
+    place_after_ms: float = 5.0
     # Prepared tool cgroups per container, so placement is one write to cgroup.procs.
     spares: int = 1
     # How often container records are re-read (inotify normally tells at once).
@@ -141,6 +144,9 @@ def _inside(table: dict[str, Any], errors: list[str]) -> InsideConfig:
     if not 0 <= inside.spares <= 8:
         errors.append(f"[inside] spares: {inside.spares} is not 0..8; 1 used")
         fixes["spares"] = 1
+    if not 0 <= inside.place_after_ms <= 1000:
+        errors.append(f"[inside] place_after_ms: {inside.place_after_ms} is not 0..1000; 5 used")
+        fixes["place_after_ms"] = 5.0
     if not 0.05 <= inside.scan_period_s <= 60:
         errors.append(f"[inside] scan_period_s: {inside.scan_period_s} is not 0.05..60; 0.5 used")
         fixes["scan_period_s"] = 0.5

@@ -51,7 +51,8 @@ class FakeConnector:
         os.close(self.w)
 
 
-def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued"
+def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
+           place_after_ms: float = 5.0
            ) -> tuple[inside.InsideAgents, Path, list[tuple[int, str]]]:
     dom = tmp / "domain"
     dom.mkdir()
@@ -68,7 +69,7 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued"
     cfg = Config(state_dir=str(state), journal=str(tmp / "calls.jsonl"),
                  tables={"daemon": {"domain": str(dom), "store": str(tmp / "h.sqlite"),
                                     "gate": "off"},
-                         "inside": {"freeze": freeze}})
+                         "inside": {"freeze": freeze, "place_after_ms": place_after_ms}})
     s, errors = settings.load(cfg)
     assert errors == []
     moves: list[tuple[int, str]] = []
@@ -88,8 +89,7 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued"
     return inside.InsideAgents(cfg, s, Engine(cfg, s)), cg, moves
 
 
-def _events(agent: int, child: int) -> list[ProcEvent]:
-    now = 0
+def _events(agent: int, child: int, now: int = 0) -> list[ProcEvent]:
     return [ProcEvent(proc_events.PROC_EVENT_FORK, 0, now, child, child, agent, agent),
             ProcEvent(proc_events.PROC_EVENT_EXEC, 0, now, child, child)]
 
@@ -193,7 +193,7 @@ def test_a_call_that_ended_within_the_batch_costs_no_move(tmp_path: Path,
                       *_events(agent, 4244),
                       ProcEvent(proc_events.PROC_EVENT_EXIT, 0, 0, 4244, 4244, exit_code=0))
             await asyncio.sleep(0.05)
-            assert moves == [] and agents.calls == {} and agents.stats["missed"] == 1
+            assert moves == [] and agents.calls == {} and agents.stats["short"] == 1
         finally:
             agents.stop()
 
@@ -233,6 +233,43 @@ def test_not_before_start_prepared_the_layout(tmp_path: Path,
             await asyncio.sleep(0.1)  # inotify tells at once
             await asyncio.sleep(0.1)
             assert "box" in agents.boxes
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_call_is_placed_only_after_its_first_slice(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """One that ends within place_after_ms costs nothing; one that outlives it is placed then,
+    together with what it forked meanwhile (a move takes one process, not its children)."""
+    agents, _cg, moves = _setup(tmp_path, monkeypatch, place_after_ms=300)
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            conn = FakeConnector.instances[-1]
+            agent = os.getpid()
+            conn.push(*_events(agent, 4246, time.monotonic_ns()))
+            await asyncio.sleep(0.02)
+            conn.push(ProcEvent(proc_events.PROC_EVENT_EXIT, 0, 0, 4246, 4246))
+            await asyncio.sleep(0.25)  # events are read in batches, half a slice apart
+            assert moves == [] and agents.stats["short"] == 1
+            long = subprocess.Popen(["sh", "-c", "sleep 3 & wait"])
+            for _ in range(200):  # the shell forks its sleep during the call's slice
+                if inside.children(long.pid):
+                    break
+                await asyncio.sleep(0.01)
+            [grandchild] = inside.children(long.pid)
+            conn.push(*_events(agent, long.pid, time.monotonic_ns()))
+            await asyncio.sleep(0.2)
+            assert moves == []
+            await asyncio.sleep(0.5)
+            assert [p for p, _ in moves] == [long.pid, grandchild]
+            assert len({cg for _, cg in moves}) == 1
+            assert agents.stats["placed"] == 1 and agents._due == {}
+            long.kill()
+            long.wait()
         finally:
             agents.stop()
 

@@ -140,6 +140,7 @@ def test_a_child_that_exited_before_its_fork_was_reported_is_not_pending() -> No
     assert t.exit(200, 200, ts=2_000) is None
     assert t.fork(AGENT, 200, 200, ts=3_000) is None
     assert t.pending == {}
+    assert t.gone_before_fork == 1  # counted: the daemon's stats account for every command
 
 
 def test_old_events_of_a_reused_pid_do_not_match() -> None:
