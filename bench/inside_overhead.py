@@ -1,16 +1,18 @@
 """What inside-agent tracing costs an agent: N short commands, with and without the opt-in.
 
     sudo python3 bench/inside_overhead.py [--n 1000] [--rounds 3] [--modes queued,always]
+                                          [--place-after 5,50]
 
 Needs Docker with execgate installed and execgated running (e.g. in the test VM:
 `EXECGATE_VM_CMD='python3 src/bench/inside_overhead.py --n 200' tests/vm/run.sh cmd DIR`).
 Each run starts a container whose main process (the "agent", a busybox sh loop) spawns N
 `memhog 0` children (a static binary that allocates nothing: the shortest real command), timed
 from inside with /proc/uptime. Variants: `plain` (execgate runtime, no opt-in: the baseline an
-agent has today) and `inside:<freeze mode>` (each child placed, admitted and journaled by the
-daemon). Reported: the agent's time per command, the added latency per spawned process, the
-slowdown, and the daemon's own figures (placement delay after exec, memory before placement).
-Changing the freeze mode rewrites /etc/execgate/config.toml and restarts execgated; the original
+agent has today) and `inside:<freeze mode>/<ms>` (a child that outlives its first slice of
+`place_after_ms` is placed, admitted and journaled by the daemon). Reported: the agent's time
+per command, the added latency per spawned process, the slowdown, and the daemon's own figures
+(placement delay after exec, memory before placement).
+Changing a variant rewrites /etc/execgate/config.toml and restarts execgated; the original
 config is restored at the end. Not a test: it asserts nothing.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -58,6 +61,21 @@ def journal(cid: str) -> list[dict[str, Any]]:
     return out
 
 
+def daemon_cpu_s() -> float:
+    """execgated's CPU time so far (user + system), from /proc."""
+    pid = sh("systemctl", "show", "-p", "MainPID", "--value", "execgated")
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def inside_stats() -> dict[str, Any]:
+    p = subprocess.run(["execgatectl", "status", "--json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        return {}
+    return dict(json.loads(p.stdout).get("daemon", {}).get("inside") or {})
+
+
 def one_run(n: int, opt_in: bool) -> dict[str, Any]:
     script = ('sleep 2; read t0 rest < /proc/uptime; i=0; fails=0; '
               f'while [ $i -lt {n} ]; do memhog 0 || fails=$((fails+1)); i=$((i+1)); done; '
@@ -69,23 +87,32 @@ def one_run(n: int, opt_in: bool) -> dict[str, Any]:
     try:
         pid = int(sh("docker", "inspect", "-f", "{{.State.Pid}}", cid))
         done = f"/proc/{pid}/root/tmp/done"
+        cpu0, stats0 = daemon_cpu_s(), inside_stats()
         deadline = time.monotonic() + 120 + n
         while not os.path.exists(done):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{n} commands did not finish")
             time.sleep(0.5)
+        cpu1, stats1 = daemon_cpu_s(), inside_stats()
         time.sleep(0.2)
         with open(done) as f:
             t0, t1, fails = f.read().split()
         entries: list[dict[str, Any]] = []
-        if opt_in:  # wait for the daemon's journal lines (the loop's plus the first sleep)
-            wait = time.monotonic() + 60
-            while len(entries) < n and time.monotonic() < wait:
-                time.sleep(0.5)
+        if opt_in:  # the daemon's journal lines for the calls it placed, once they stop coming
+            wait, seen = time.monotonic() + 60, -1
+            while len(entries) != seen and time.monotonic() < wait:
+                seen = len(entries)
+                time.sleep(2)
                 entries = [e for e in journal(cid) if e.get("argv", [])[:1] == ["memhog"]]
     finally:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
-    out: dict[str, Any] = {"agent_s": float(t1) - float(t0), "fails": int(fails)}
+    # The daemon's CPU while the container ran (its start included): what the agent's
+    # commands cost it, beside an agent that has the host's other CPUs to itself.
+    out: dict[str, Any] = {"agent_s": float(t1) - float(t0), "fails": int(fails),
+                           "daemon_cpu_ms_per_cmd": round((cpu1 - cpu0) * 1000 / n, 3)}
+    for key in ("placed", "short", "missed", "failed"):
+        if key in stats1:
+            out[key] = stats1[key] - stats0.get(key, 0)
     if entries:
         ins = [e["inside"] for e in entries]
         place = sorted(i["placement_us"] for i in ins)
@@ -100,10 +127,11 @@ def one_run(n: int, opt_in: bool) -> dict[str, Any]:
     return out
 
 
-def set_mode(original: str, mode: str) -> None:
-    """[inside] freeze = mode (the installed config has no [inside] table: main checks)."""
+def set_mode(original: str, mode: str, place_after_ms: float) -> None:
+    """[inside] freeze and place_after_ms (the installed config has no [inside] table: main
+    checks)."""
     with open(CONFIG, "w") as f:
-        f.write(original + f'\n[inside]\nfreeze = "{mode}"\n')
+        f.write(original + f'\n[inside]\nfreeze = "{mode}"\nplace_after_ms = {place_after_ms}\n')
     restart_daemon()
 
 
@@ -112,31 +140,36 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=1000, help="commands per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="queued,always", help="freeze modes to compare")
+    ap.add_argument("--place-after", default="5", help="first slices (ms) to compare")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args()
     with open(CONFIG) as f:
         original = f.read()
-    if "[inside]" in original:
+    if re.search(r"^\s*\[inside\]", original, re.M):
         sys.exit(f"{CONFIG} has an [inside] table already; remove it first")
     shutil.copy(CONFIG, CONFIG + ".bench")
     variants: dict[str, list[dict[str, Any]]] = {}
     try:
         for mode in args.modes.split(","):
-            set_mode(original, mode)
-            for _ in range(args.rounds):  # interleaved, so drift hits both alike
-                variants.setdefault("plain", []).append(one_run(args.n, False))
-                variants.setdefault(f"inside:{mode}", []).append(one_run(args.n, True))
+            for ms in (float(x) for x in args.place_after.split(",")):
+                set_mode(original, mode, ms)
+                for _ in range(args.rounds):  # interleaved, so drift hits both alike
+                    variants.setdefault("plain", []).append(one_run(args.n, False))
+                    variants.setdefault(f"inside:{mode}/{ms:g}ms", []).append(
+                        one_run(args.n, True))
     finally:
         shutil.move(CONFIG + ".bench", CONFIG)
         restart_daemon()
     base = statistics.median(r["agent_s"] for r in variants["plain"])
+    base_cpu = statistics.median(r["daemon_cpu_ms_per_cmd"] for r in variants["plain"])
     with open("/proc/self/mountinfo") as f:
         mount = next((ln.split(" - ")[1].strip() for ln in f if " /sys/fs/cgroup " in ln), "?")
     print(f"cgroup2 mount: {mount}")
     summary: dict[str, Any] = {"n": args.n, "rounds": args.rounds, "runs": variants,
                                "cgroup_mount": mount,
                                "plain_ms_per_cmd": round(base * 1000 / args.n, 3)}
-    print(f"plain: {base:.2f} s for {args.n} commands ({base * 1000 / args.n:.2f} ms each)")
+    print(f"plain: {base:.2f} s for {args.n} commands ({base * 1000 / args.n:.2f} ms each; "
+          f"daemon CPU {base_cpu:.2f} ms per command)")
     for name, runs in variants.items():
         if name == "plain":
             continue
@@ -145,8 +178,8 @@ def main() -> int:
                "added_us_per_cmd": round((t - base) * 1e6 / args.n, 1),
                "slowdown_pct": round(100 * (t / base - 1), 1),
                "fails": sum(r["fails"] for r in runs)}
-        for key in ("calls", "placement_us_p50", "placement_us_p95", "move_us_p50",
-                    "rss_before_p50",
+        for key in ("daemon_cpu_ms_per_cmd", "placed", "short", "missed", "failed", "calls",
+                    "placement_us_p50", "placement_us_p95", "move_us_p50", "rss_before_p50",
                     "anon_before_p50", "frozen"):
             vals = [r[key] for r in runs if key in r]
             if vals:

@@ -1,0 +1,126 @@
+"""What following an inside agent costs it on real hardware: the daemon's event path, no VM.
+
+    sudo .venv/bin/python bench/inside_overhead_host.py [--n 1000] [--rounds 5]
+        [--place-after 0,5]
+
+The test VM's figure (`inside_overhead.py`) is dominated by emulation: under single-threaded
+TCG the daemon's every wake-up is taken from the agent. This runs the daemon's own code
+(`InsideAgents` with a real `Engine`, the kernel's real proc connector) in this process on the
+host, and an "agent" shell (a child process, playing a container's init) that runs N
+`/bin/true`s, timed from here. Variants, interleaved per round: `plain` (no opted-in container:
+the daemon does not listen) and `inside/<ms>` (listening, first slice of <ms>). No container
+and no cgroup v2 are needed: the agent's record and cgroup directory live in a temp dir, and the
+move into a tool cgroup is recorded, not made (with a first slice, a `/bin/true` ends before
+it would be placed; the figures say how many were). Needs root (the proc connector).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from execgate.common.config import Config
+from execgate.daemon import inside, settings
+from execgate.daemon.engine import Engine
+
+MiB = 1 << 20
+
+
+def one_run(root: Path, n: int, place_after_ms: float | None) -> dict[str, Any]:
+    """One agent loop; place_after_ms None: the container has not opted in."""
+    dom, cg, state = root / "domain", root / "box", root / "state"
+    for d in (dom, cg / "init", state / "containers"):
+        d.mkdir(parents=True, exist_ok=True)
+    (dom / "memory.max").write_text(f"{4096 * MiB}\n")
+    (dom / "memory.current").write_text(f"{64 * MiB}\n")
+    agent = subprocess.Popen(["sh", "-c", f"read x; i=0; while [ $i -lt {n} ]; do /bin/true; "
+                              "i=$((i+1)); done"], stdin=subprocess.PIPE)
+    rec = {"id": "box", "managed": True, "prepared": True, "cgroup": str(cg),
+           "init_pid": agent.pid,
+           "annotations": {"execgate.agent": "inside"} if place_after_ms is not None else {}}
+    (state / "containers" / "box.json").write_text(json.dumps(rec))
+    cfg = Config(state_dir=str(state), journal=str(root / "calls.jsonl"),
+                 tables={"daemon": {"domain": str(dom), "store": str(root / "h.sqlite"),
+                                    "gate": "off", "probes": "off"},
+                         "inside": {"place_after_ms": place_after_ms or 0.0}})
+    s, errors = settings.load(cfg)
+    if errors:
+        raise SystemExit(f"config: {errors}")
+    agents = inside.InsideAgents(cfg, s, Engine(cfg, s))
+
+    async def scenario() -> dict[str, Any]:
+        agents.start()
+        try:
+            await asyncio.sleep(0.3)
+            assert agent.stdin is not None
+            cpu0, t0 = time.process_time(), time.monotonic()
+            agent.stdin.write(b"go\n")
+            agent.stdin.flush()
+            while agent.poll() is None:
+                await asyncio.sleep(0.005)
+            t1, cpu1 = time.monotonic(), time.process_time()
+            await asyncio.sleep(0.2)  # the last events
+            return {"agent_s": t1 - t0, "daemon_cpu_ms_per_cmd": (cpu1 - cpu0) * 1000 / n,
+                    "listening": agents.conn is not None, **agents.stats}
+        finally:
+            agents.stop()
+
+    return asyncio.run(scenario())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--place-after", default="0,5", help="first slices (ms) to compare")
+    ap.add_argument("--out", help="write the figures here as JSON")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # the recorded moves leave files rmdir cannot take
+    moves: list[int] = []
+
+    def move(pid: int, path: str) -> None:  # recorded, not made (see the docstring)
+        moves.append(pid)
+        Path(path, "cgroup.events").write_text("populated 0\n")
+
+    inside.v2.move = move  # type: ignore[assignment]
+    slices = [float(x) for x in args.place_after.split(",")]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="execgate-inside-") as tmp:
+        for r in range(args.rounds):
+            for ms in [None, *slices]:
+                name = "plain" if ms is None else f"inside/{ms:g}ms"
+                runs.setdefault(name, []).append(one_run(Path(tmp, f"{r}-{name}".replace(
+                    "/", "-")), args.n, ms))
+    base = statistics.median(x["agent_s"] for x in runs["plain"])
+    summary: dict[str, Any] = {"n": args.n, "rounds": args.rounds, "runs": runs,
+                               "plain_ms_per_cmd": round(base * 1000 / args.n, 4)}
+    print(f"plain: {base * 1000 / args.n:.3f} ms per command ({args.n} commands, median of "
+          f"{args.rounds})")
+    for name, rs in runs.items():
+        if name == "plain":
+            continue
+        t = statistics.median(x["agent_s"] for x in rs)
+        fig = {"ms_per_cmd": round(t * 1000 / args.n, 4),
+               "added_us_per_cmd": round((t - base) * 1e6 / args.n, 1),
+               "slowdown_pct": round(100 * (t / base - 1), 1),
+               "daemon_cpu_us_per_cmd": round(1000 * statistics.median(
+                   x["daemon_cpu_ms_per_cmd"] for x in rs), 1),
+               "placed": statistics.median(x["placed"] for x in rs)}
+        summary[name] = fig
+        print(f"{name}: {json.dumps(fig)}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
