@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 IMAGE = "execgate-test:latest"
@@ -59,6 +60,19 @@ def journal(cid: str) -> list[dict[str, Any]]:
                 if e.get("container") == cid:
                     out.append(e)
     return out
+
+
+def against_plain(variants: dict[str, list[dict[str, Any]]], n: int
+                  ) -> Iterator[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
+    """Each variant's runs with its median agent time against the plain runs', for n
+    commands each."""
+    base = statistics.median(r["agent_s"] for r in variants["plain"])
+    for name, runs in variants.items():
+        if name != "plain":
+            t = statistics.median(r["agent_s"] for r in runs)
+            yield name, runs, {"agent_s": round(t, 3), "ms_per_cmd": round(t * 1000 / n, 4),
+                               "added_us_per_cmd": round((t - base) * 1e6 / n, 1),
+                               "slowdown_pct": round(100 * (t / base - 1), 1)}
 
 
 def daemon_cpu_s() -> float:
@@ -170,14 +184,8 @@ def main() -> int:
                                "plain_ms_per_cmd": round(base * 1000 / args.n, 3)}
     print(f"plain: {base:.2f} s for {args.n} commands ({base * 1000 / args.n:.2f} ms each; "
           f"daemon CPU {base_cpu:.2f} ms per command)")
-    for name, runs in variants.items():
-        if name == "plain":
-            continue
-        t = statistics.median(r["agent_s"] for r in runs)
-        fig = {"agent_s": round(t, 3), "ms_per_cmd": round(t * 1000 / args.n, 3),
-               "added_us_per_cmd": round((t - base) * 1e6 / args.n, 1),
-               "slowdown_pct": round(100 * (t / base - 1), 1),
-               "fails": sum(r["fails"] for r in runs)}
+    for name, runs, fig in against_plain(variants, args.n):
+        fig["fails"] = sum(r["fails"] for r in runs)
         for key in ("daemon_cpu_ms_per_cmd", "placed", "short", "missed", "failed", "calls",
                     "placement_us_p50", "placement_us_p95", "move_us_p50", "rss_before_p50",
                     "anon_before_p50", "frozen"):

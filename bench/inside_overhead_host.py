@@ -1,7 +1,7 @@
 """What following an inside agent costs it on real hardware: the daemon's event path, no VM.
 
     sudo .venv/bin/python bench/inside_overhead_host.py [--n 1000] [--rounds 5]
-        [--place-after 0,5]
+        [--place-after 0,5] [--command /bin/true]
 
 The test VM's figure (`inside_overhead.py`) is dominated by emulation: under single-threaded
 TCG the daemon's every wake-up is taken from the agent. This runs the daemon's own code
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from execgate.bench.inside_overhead import against_plain
 from execgate.common.config import Config
 from execgate.daemon import inside, settings
 from execgate.daemon.engine import Engine
@@ -35,14 +36,15 @@ from execgate.daemon.engine import Engine
 MiB = 1 << 20
 
 
-def one_run(root: Path, n: int, place_after_ms: float | None) -> dict[str, Any]:
+def one_run(root: Path, n: int, place_after_ms: float | None,
+            command: str = "/bin/true") -> dict[str, Any]:
     """One agent loop; place_after_ms None: the container has not opted in."""
     dom, cg, state = root / "domain", root / "box", root / "state"
     for d in (dom, cg / "init", state / "containers"):
         d.mkdir(parents=True, exist_ok=True)
     (dom / "memory.max").write_text(f"{4096 * MiB}\n")
     (dom / "memory.current").write_text(f"{64 * MiB}\n")
-    agent = subprocess.Popen(["sh", "-c", f"read x; i=0; while [ $i -lt {n} ]; do /bin/true; "
+    agent = subprocess.Popen(["sh", "-c", f"read x; i=0; while [ $i -lt {n} ]; do {command}; "
                               "i=$((i+1)); done"], stdin=subprocess.PIPE)
     rec = {"id": "box", "managed": True, "prepared": True, "cgroup": str(cg),
            "init_pid": agent.pid,
@@ -68,9 +70,13 @@ def one_run(root: Path, n: int, place_after_ms: float | None) -> dict[str, Any]:
             while agent.poll() is None:
                 await asyncio.sleep(0.005)
             t1, cpu1 = time.monotonic(), time.process_time()
-            await asyncio.sleep(0.2)  # the last events
+            await asyncio.sleep(0.5)  # the last events and journal lines
+            journal = root / "calls.jsonl"
+            before = [json.loads(line)["inside"]["rss_before_bytes"] or 0 for line in
+                      journal.read_text().splitlines()] if journal.exists() else []
             return {"agent_s": t1 - t0, "daemon_cpu_ms_per_cmd": (cpu1 - cpu0) * 1000 / n,
-                    "listening": agents.conn is not None, **agents.stats}
+                    "listening": agents.conn is not None, "rss_before_bytes": before,
+                    **agents.stats}
         finally:
             agents.stop()
 
@@ -82,6 +88,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--place-after", default="0,5", help="first slices (ms) to compare")
+    ap.add_argument("--command", default="/bin/true",
+                    help="what the agent runs N times (e.g. a memory hog, to see how much a "
+                         "call allocates before it is placed)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the recorded moves leave files rmdir cannot take
@@ -99,22 +108,20 @@ def main() -> int:
             for ms in [None, *slices]:
                 name = "plain" if ms is None else f"inside/{ms:g}ms"
                 runs.setdefault(name, []).append(one_run(Path(tmp, f"{r}-{name}".replace(
-                    "/", "-")), args.n, ms))
+                    "/", "-")), args.n, ms, args.command))
     base = statistics.median(x["agent_s"] for x in runs["plain"])
     summary: dict[str, Any] = {"n": args.n, "rounds": args.rounds, "runs": runs,
                                "plain_ms_per_cmd": round(base * 1000 / args.n, 4)}
     print(f"plain: {base * 1000 / args.n:.3f} ms per command ({args.n} commands, median of "
           f"{args.rounds})")
-    for name, rs in runs.items():
-        if name == "plain":
-            continue
-        t = statistics.median(x["agent_s"] for x in rs)
-        fig = {"ms_per_cmd": round(t * 1000 / args.n, 4),
-               "added_us_per_cmd": round((t - base) * 1e6 / args.n, 1),
-               "slowdown_pct": round(100 * (t / base - 1), 1),
-               "daemon_cpu_us_per_cmd": round(1000 * statistics.median(
-                   x["daemon_cpu_ms_per_cmd"] for x in rs), 1),
-               "placed": statistics.median(x["placed"] for x in rs)}
+    for name, rs, fig in against_plain(runs, args.n):
+        fig["daemon_cpu_us_per_cmd"] = round(1000 * statistics.median(
+            x["daemon_cpu_ms_per_cmd"] for x in rs), 1)
+        fig["placed"] = statistics.median(x["placed"] for x in rs)
+        before = sorted(b for x in rs for b in x["rss_before_bytes"])
+        if before:
+            fig["rss_before_mib_p50"] = round(before[len(before) // 2] / MiB, 2)
+            fig["rss_before_mib_max"] = round(before[-1] / MiB, 2)
         summary[name] = fig
         print(f"{name}: {json.dumps(fig)}")
     if args.out:

@@ -817,8 +817,11 @@ def execute(args: argparse.Namespace, points: Sequence[Point], command: str) -> 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     host.save_state()
     t_start = time.monotonic()
+    only = set(_ints(args.points)) if getattr(args, "points", None) else None
     try:
         for i, p in enumerate(points):
+            if only is not None and i + 1 not in only:
+                continue
             log(f"### point {i + 1}/{len(points)}: {p.label} (budget {p.budget / MiB:.0f} MiB, "
                 f"oversubscription {oversubscription(p.tasks, p.budget):.2f}x)")
             wall = [a / w.speed for a in p.arrivals_trace]
@@ -926,6 +929,9 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--task-counts", help="e.g. 4,8,16 (instead of --tasks)")
     sw.add_argument("--budgets", help="e.g. 1g,768m,512m (instead of --budget)")
     sw.add_argument("--oversub", help="e.g. 2,4,8.6: budget = sum of task peaks / ratio")
+    sw.add_argument("--points", help="run only these loads (1-based, in oversubscription "
+                    "order), e.g. to finish a sweep in another boot: every load is still "
+                    "described, so bench/report.py merges the parts")
     common(sub.add_parser("demo", help="a few minutes: a burst on a small budget, eager vs "
                                        "execgate"), demo=True)
     pl = sub.add_parser("plan", help="print what would be replayed (no Docker)")
