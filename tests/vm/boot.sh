@@ -41,7 +41,9 @@ for try in $(seq 1 "$tries"); do
     set -e
     if [[ $qrc == 124 || $qrc == 137 ]]; then
         echo "[boot] VM timed out after ${timeout_s}s" >&2
-        debugfs -R "rdump /results $results" "$work/payload.img" >/dev/null 2>&1 || true
+        mkdir -p "$work/out"  # what the payload wrote so far, laid out as after a normal end
+        debugfs -R "rdump /results $work/out" "$work/payload.img" >/dev/null 2>&1 || true
+        cp -a "$work/out/results/." "$results/" 2>/dev/null || true
         exit 124
     fi
     mkdir -p "$work/out"
