@@ -39,15 +39,13 @@ for try in $(seq 1 "$tries"); do
         -nic none -no-reboot -display none -monitor none -serial "file:$console" </dev/null
     qrc=$?
     set -e
-    if [[ $qrc == 124 || $qrc == 137 ]]; then
-        echo "[boot] VM timed out after ${timeout_s}s" >&2
-        mkdir -p "$work/out"  # what the payload wrote so far, laid out as after a normal end
-        debugfs -R "rdump /results $work/out" "$work/payload.img" >/dev/null 2>&1 || true
-        cp -a "$work/out/results/." "$results/" 2>/dev/null || true
-        exit 124
-    fi
     mkdir -p "$work/out"
     debugfs -R "rdump /results $work/out" "$work/payload.img" >/dev/null 2>&1 || true
+    if [[ $qrc == 124 || $qrc == 137 ]]; then
+        echo "[boot] VM timed out after ${timeout_s}s" >&2
+        cp -a "$work/out/results/." "$results/" 2>/dev/null || true  # what it wrote so far
+        exit 124
+    fi
     if [[ -f $work/out/results/rc ]]; then
         cp -a "$work/out/results/." "$results/"
         rc=$(cat "$results/rc")
