@@ -135,6 +135,16 @@ else
     say "no sched_ext toolchain or kernel support: the growth gate will use cgroup.freeze"
 fi
 
+# The inside-agent probe (bpf/inside.bpf.c: an inside agent's commands followed in the kernel)
+# needs BTF, clang and bpftool but not sched_ext; without it the daemon reads the proc connector.
+if [[ -f /sys/kernel/btf/vmlinux ]] && command -v clang >/dev/null && command -v bpftool >/dev/null; then
+    if obj=$("$prefix/bin/python" -m execgate.bpf.inside build 2>>"$prefix/bpf-build.log"); then
+        say "built the inside-agent probe: $obj"
+    else
+        say "warning: inside-agent probe build failed (see $prefix/bpf-build.log); the proc connector will be used"
+    fi
+fi
+
 if have_systemd; then
     install -m 0644 "$src/packaging/execgated.service" "$unit"
     systemctl daemon-reload

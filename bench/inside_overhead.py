@@ -1,14 +1,14 @@
 """What inside-agent tracing costs an agent: N short commands, with and without the opt-in.
 
     sudo python3 bench/inside_overhead.py [--n 1000] [--rounds 3] [--modes queued,always]
-                                          [--place-after 5,50]
+                                          [--place-after 5,50] [--sources bpf,connector]
 
 Needs Docker with execgate installed and execgated running (e.g. in the test VM:
 `EXECGATE_VM_CMD='python3 src/bench/inside_overhead.py --n 200' tests/vm/run.sh cmd DIR`).
 Each run starts a container whose main process (the "agent", a busybox sh loop) spawns N
 `memhog 0` children (a static binary that allocates nothing: the shortest real command), timed
 from inside with /proc/uptime. Variants: `plain` (execgate runtime, no opt-in: the baseline an
-agent has today) and `inside:<freeze mode>/<ms>` (a child that outlives its first slice of
+agent has today) and `inside:<source>:<freeze mode>/<ms>` (a child that outlives its first slice of
 `place_after_ms` is placed, admitted and journaled by the daemon). Reported: the agent's time
 per command, the added latency per spawned process, the slowdown, and the daemon's own figures
 (placement delay after exec, memory before placement).
@@ -141,11 +141,12 @@ def one_run(n: int, opt_in: bool) -> dict[str, Any]:
     return out
 
 
-def set_mode(original: str, mode: str, place_after_ms: float) -> None:
-    """[inside] freeze and place_after_ms (the installed config has no [inside] table: main
-    checks)."""
+def set_mode(original: str, mode: str, place_after_ms: float, source: str = "auto") -> None:
+    """[inside] freeze, place_after_ms and source (the installed config has no [inside] table:
+    main checks)."""
     with open(CONFIG, "w") as f:
-        f.write(original + f'\n[inside]\nfreeze = "{mode}"\nplace_after_ms = {place_after_ms}\n')
+        f.write(original + f'\n[inside]\nfreeze = "{mode}"\nplace_after_ms = {place_after_ms}\n'
+                f'source = "{source}"\n')
     restart_daemon()
 
 
@@ -155,6 +156,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="queued,always", help="freeze modes to compare")
     ap.add_argument("--place-after", default="5", help="first slices (ms) to compare")
+    ap.add_argument("--sources", default="auto",
+                    help="[inside] source values to compare (auto, bpf, connector)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args()
     with open(CONFIG) as f:
@@ -164,13 +167,14 @@ def main() -> int:
     shutil.copy(CONFIG, CONFIG + ".bench")
     variants: dict[str, list[dict[str, Any]]] = {}
     try:
-        for mode in args.modes.split(","):
-            for ms in (float(x) for x in args.place_after.split(",")):
-                set_mode(original, mode, ms)
-                for _ in range(args.rounds):  # interleaved, so drift hits both alike
-                    variants.setdefault("plain", []).append(one_run(args.n, False))
-                    variants.setdefault(f"inside:{mode}/{ms:g}ms", []).append(
-                        one_run(args.n, True))
+        for src in args.sources.split(","):
+            for mode in args.modes.split(","):
+                for ms in (float(x) for x in args.place_after.split(",")):
+                    set_mode(original, mode, ms, src)
+                    for _ in range(args.rounds):  # interleaved, so drift hits both alike
+                        variants.setdefault("plain", []).append(one_run(args.n, False))
+                        variants.setdefault(f"inside:{src}:{mode}/{ms:g}ms", []).append(
+                            one_run(args.n, True))
     finally:
         shutil.move(CONFIG + ".bench", CONFIG)
         restart_daemon()

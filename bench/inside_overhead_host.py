@@ -37,7 +37,7 @@ MiB = 1 << 20
 
 
 def one_run(root: Path, n: int, place_after_ms: float | None,
-            command: str = "/bin/true") -> dict[str, Any]:
+            command: str = "/bin/true", source: str = "auto") -> dict[str, Any]:
     """One agent loop; place_after_ms None: the container has not opted in."""
     dom, cg, state = root / "domain", root / "box", root / "state"
     for d in (dom, cg / "init", state / "containers"):
@@ -53,7 +53,8 @@ def one_run(root: Path, n: int, place_after_ms: float | None,
     cfg = Config(state_dir=str(state), journal=str(root / "calls.jsonl"),
                  tables={"daemon": {"domain": str(dom), "store": str(root / "h.sqlite"),
                                     "gate": "off", "probes": "off"},
-                         "inside": {"place_after_ms": place_after_ms or 0.0}})
+                         "inside": {"place_after_ms": place_after_ms or 0.0,
+                                    "source": source}})
     s, errors = settings.load(cfg)
     if errors:
         raise SystemExit(f"config: {errors}")
@@ -75,8 +76,7 @@ def one_run(root: Path, n: int, place_after_ms: float | None,
             before = [json.loads(line)["inside"]["rss_before_bytes"] or 0 for line in
                       journal.read_text().splitlines()] if journal.exists() else []
             return {"agent_s": t1 - t0, "daemon_cpu_ms_per_cmd": (cpu1 - cpu0) * 1000 / n,
-                    "listening": agents.conn is not None, "rss_before_bytes": before,
-                    **agents.stats}
+                    "rss_before_bytes": before, **agents.snapshot()}
         finally:
             agents.stop()
 
@@ -91,6 +91,8 @@ def main() -> int:
     ap.add_argument("--command", default="/bin/true",
                     help="what the agent runs N times (e.g. a memory hog, to see how much a "
                          "call allocates before it is placed)")
+    ap.add_argument("--sources", default="connector,bpf",
+                    help="event sources to compare ([inside] source: connector, bpf)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the recorded moves leave files rmdir cannot take
@@ -104,11 +106,13 @@ def main() -> int:
     slices = [float(x) for x in args.place_after.split(",")]
     runs: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="execgate-inside-") as tmp:
+        variants: list[tuple[str, float | None, str]] = [("plain", None, "auto")]
+        variants += [(f"inside/{src}/{ms:g}ms", ms, src) for src in args.sources.split(",")
+                     for ms in slices]
         for r in range(args.rounds):
-            for ms in [None, *slices]:
-                name = "plain" if ms is None else f"inside/{ms:g}ms"
+            for name, ms, src in variants:
                 runs.setdefault(name, []).append(one_run(Path(tmp, f"{r}-{name}".replace(
-                    "/", "-")), args.n, ms, args.command))
+                    "/", "-")), args.n, ms, args.command, src))
     base = statistics.median(x["agent_s"] for x in runs["plain"])
     summary: dict[str, Any] = {"n": args.n, "rounds": args.rounds, "runs": runs,
                                "plain_ms_per_cmd": round(base * 1000 / args.n, 4)}

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import fnmatch
 import hashlib
 import json
@@ -43,10 +42,27 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Union
+
+try:
+    from execgate.bpf import syscall as _sys
+except ModuleNotFoundError:  # run by path from a checkout (python3 bpf/gate.py, the e2e suite)
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "execgate_bpf_syscall", Path(__file__).resolve().with_name("syscall.py"))
+    assert _spec is not None and _spec.loader is not None
+    _sys = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _sys
+    _spec.loader.exec_module(_sys)
+
+# The gate's map client (re-exported: tests and tools use them from here).
+BPF_ANY, BpfMap, MapInfo = _sys.BPF_ANY, _sys.BpfMap, _sys.MapInfo
+obj_get, obj_info, obj_pin = _sys.obj_get, _sys.obj_info, _sys.obj_pin
+_attr, _syscall_bpf = _sys._attr, _sys._syscall_bpf
 
 CgroupRef = Union[int, str, "os.PathLike[str]"]
 
@@ -73,8 +89,6 @@ DEFAULT_SCAN_MS = 10.0
 
 _TARGET_ARCH = {"x86_64": "x86", "aarch64": "arm64", "ppc64le": "powerpc", "s390x": "s390",
                 "riscv64": "riscv", "loongarch64": "loongarch"}
-_NR_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280,
-           "loongarch64": 280}
 
 
 class GateError(RuntimeError):
@@ -177,147 +191,6 @@ def protected_ids(root: str = CGROUP_ROOT) -> set[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# bpf(2) through ctypes
-# ---------------------------------------------------------------------------------------------
-
-BPF_MAP_LOOKUP_ELEM = 1
-BPF_MAP_UPDATE_ELEM = 2
-BPF_MAP_DELETE_ELEM = 3
-BPF_MAP_GET_NEXT_KEY = 4
-BPF_OBJ_PIN = 6
-BPF_OBJ_GET = 7
-BPF_OBJ_GET_INFO_BY_FD = 15
-BPF_ANY = 0
-_ATTR_SIZE = 64  # enough for every command used here; the rest is zero as the kernel wants
-
-_libc = None
-
-
-def _syscall_bpf(cmd: int, attr: ctypes.Array) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-    nr = _NR_BPF.get(platform.machine())
-    if nr is None:
-        raise GateUnavailable(f"bpf(2) syscall number unknown on {platform.machine()}")
-    ret = _libc.syscall(ctypes.c_long(nr), ctypes.c_long(cmd),
-                        ctypes.c_void_p(ctypes.addressof(attr)), ctypes.c_long(len(attr)))
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"bpf(cmd {cmd}): {os.strerror(err)}")
-    return int(ret)
-
-
-def _attr(fmt: str, *values: int) -> ctypes.Array:
-    return ctypes.create_string_buffer(struct.pack(fmt, *values), _ATTR_SIZE)
-
-
-def _addr(buf: ctypes.Array | None) -> int:
-    return ctypes.addressof(buf) if buf is not None else 0
-
-
-def obj_get(path: str) -> int:
-    """BPF_OBJ_GET: an fd (O_CLOEXEC) for a pinned BPF object."""
-    p = ctypes.create_string_buffer(os.fsencode(path))
-    return _syscall_bpf(BPF_OBJ_GET, _attr("=QIIi", _addr(p), 0, 0, 0))
-
-
-def obj_pin(fd: int, path: str) -> None:
-    """BPF_OBJ_PIN: pins the object behind ``fd`` at ``path`` (on bpffs)."""
-    p = ctypes.create_string_buffer(os.fsencode(path))
-    _syscall_bpf(BPF_OBJ_PIN, _attr("=QIIi", _addr(p), fd, 0, 0))
-
-
-def obj_info(fd: int, size: int = 96) -> bytes:
-    """BPF_OBJ_GET_INFO_BY_FD: the raw bpf_{map,prog,link}_info."""
-    info = ctypes.create_string_buffer(size)
-    _syscall_bpf(BPF_OBJ_GET_INFO_BY_FD, _attr("=IIQ", fd, size, _addr(info)))
-    return info.raw
-
-
-@dataclass(frozen=True)
-class MapInfo:
-    type: int
-    id: int
-    key_size: int
-    value_size: int
-    max_entries: int
-    name: str
-
-    @classmethod
-    def parse(cls, raw: bytes) -> MapInfo:
-        typ, mid, ks, vs, me, _flags = struct.unpack_from("=6I", raw, 0)
-        name = raw[24:40].split(b"\0", 1)[0].decode(errors="replace")
-        return cls(typ, mid, ks, vs, me, name)
-
-
-class BpfMap:
-    """A BPF map by fd: lookup/update/delete/iterate with the bpf(2) syscall."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.info = MapInfo.parse(obj_info(fd))
-
-    @classmethod
-    def open(cls, path: str) -> BpfMap:
-        fd = obj_get(path)
-        try:
-            return cls(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def _key(self, key: bytes) -> ctypes.Array:
-        if len(key) != self.info.key_size:
-            raise ValueError(f"key of {len(key)} bytes for map {self.info.name!r} "
-                             f"(key_size {self.info.key_size})")
-        return ctypes.create_string_buffer(key, len(key))
-
-    def lookup(self, key: bytes) -> bytes | None:
-        k = self._key(key)
-        v = ctypes.create_string_buffer(self.info.value_size)
-        try:
-            _syscall_bpf(BPF_MAP_LOOKUP_ELEM, _attr("=I4xQQQ", self.fd, _addr(k), _addr(v), 0))
-        except FileNotFoundError:
-            return None
-        return v.raw
-
-    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
-        if len(value) != self.info.value_size:
-            raise ValueError(f"value of {len(value)} bytes for map {self.info.name!r} "
-                             f"(value_size {self.info.value_size})")
-        k = self._key(key)
-        v = ctypes.create_string_buffer(value, len(value))
-        _syscall_bpf(BPF_MAP_UPDATE_ELEM, _attr("=I4xQQQ", self.fd, _addr(k), _addr(v), flags))
-
-    def delete(self, key: bytes) -> bool:
-        k = self._key(key)
-        try:
-            _syscall_bpf(BPF_MAP_DELETE_ELEM, _attr("=I4xQQQ", self.fd, _addr(k), 0, 0))
-        except FileNotFoundError:
-            return False
-        return True
-
-    def iter_keys(self) -> Iterator[bytes]:
-        prev: ctypes.Array | None = None
-        nxt = ctypes.create_string_buffer(self.info.key_size)
-        while True:
-            try:
-                _syscall_bpf(BPF_MAP_GET_NEXT_KEY,
-                             _attr("=I4xQQQ", self.fd, _addr(prev), _addr(nxt), 0))
-            except FileNotFoundError:
-                return
-            yield nxt.raw
-            prev = ctypes.create_string_buffer(nxt.raw, self.info.key_size)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-# ---------------------------------------------------------------------------------------------
 # Map layouts (mirror gate.bpf.c)
 # ---------------------------------------------------------------------------------------------
 
@@ -391,7 +264,7 @@ def _run(cmd: list[str], *, timeout: float, stdout=None) -> subprocess.Completed
 def build(out_dir: str | os.PathLike[str] = DEFAULT_BUILD_DIR, *, src: str | os.PathLike[str]
           = SRC, clang: str = "clang", bpftool: str = "bpftool", btf: str = VMLINUX_BTF,
           force: bool = False, timeout: float = 600.0) -> Path:
-    """Builds ``gate.bpf.o`` for the running kernel into ``out_dir`` and returns its path.
+    """Builds ``gate.bpf.o`` (or ``src``'s object) for the running kernel into ``out_dir``.
 
     ``vmlinux.h`` is generated from the kernel's BTF (``bpftool btf dump ... format c``), then
     clang compiles. Both are cached: redone when the kernel, the source or the flags change."""
@@ -410,13 +283,14 @@ def build(out_dir: str | os.PathLike[str] = DEFAULT_BUILD_DIR, *, src: str | os.
         os.replace(tmp, header)
         header_stamp.write_text(kernel_key)
 
-    obj, obj_stamp = out / "gate.bpf.o", out / "gate.bpf.o.stamp"
-    cmd = clang_command(src, out / "gate.bpf.o.tmp", out, clang=clang)
+    name = src.name.removesuffix(".c") + ".o"  # gate.bpf.c -> gate.bpf.o
+    obj, obj_stamp = out / name, out / f"{name}.stamp"
+    cmd = clang_command(src, out / f"{name}.tmp", out, clang=clang)
     key = hashlib.sha256(src.read_bytes() + kernel_key.encode()
                          + "\0".join(cmd).encode()).hexdigest() + "\n"
     if force or not obj.exists() or _read(obj_stamp) != key:
         _run(cmd, timeout=timeout)
-        os.replace(out / "gate.bpf.o.tmp", obj)
+        os.replace(out / f"{name}.tmp", obj)
         obj_stamp.write_text(key)
     return obj
 

@@ -12,6 +12,11 @@ from execgate.common import config as config_mod
 from execgate.common import records
 
 
+def _source(source: str | None) -> str:
+    return {"bpf": "in the kernel", "connector": "through the proc connector"}.get(
+        source or "", "by nothing: see the daemon's log")
+
+
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / (1 << 20):.1f}M"
 
@@ -54,7 +59,9 @@ def print_daemon(d: dict[str, Any]) -> None:
         print(f"inside agents: {ins['containers']} containers, {ins.get('calls', 0)} calls now; "
               f"placed {ins.get('placed', 0)}, ended within their first slice "
               f"{ins.get('short', 0)}, missed {ins.get('missed', 0)}, failed "
-              f"{ins.get('failed', 0)}")
+              f"{ins.get('failed', 0)} (followed {_source(ins.get('source'))})")
+        if ins.get("learned"):
+            print(f"  placed at their exec, learned: {', '.join(ins['learned'])}")
     queued = adm.get("queued") or []
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "

@@ -2,10 +2,12 @@
 
 Many agents never `docker exec`: they run in the container and spawn `bash -c "pytest ..."`
 themselves. For a container that opts in (OCI annotation `execgate.agent=inside`, or
-`[inside] default = true`) the daemon follows the kernel's process events (proc_events.py) and
-turns each tool process into a call exactly like a `docker exec` one — its own `tool-<hex>`
-cgroup, hint, admission, growth gate, journal line and `[execgate]` feedback — with the image and
-the agent unmodified:
+`[inside] default = true`) the daemon follows the agent's commands — in the kernel
+(bpf/inside.bpf.c, which tells only of commands that outlive their first slice) or through the
+kernel's process events (proc_events.py, the flow below) — and turns each tool process into a
+call exactly like a `docker exec` one — its own `tool-<hex>` cgroup, hint,
+admission, growth gate, journal line and `[execgate]` feedback — with the image and the agent
+unmodified:
 
     agent forks C ──fork event──▶ C is pending (a child of the agent that has not exec'd yet)
     C execs      ──exec event──▶ C is a call in its first slice (place_after_ms)
@@ -17,15 +19,18 @@ the agent unmodified:
     tool-<hex> empties ─────────▶ outcome, feedback on the kept stderr, journal, rmdir, done
 
 Events are read in batches half a slice apart: following an agent that runs hundreds of short
-commands a second then costs the daemon a few wake-ups per slice, not several per command.
+commands a second then costs the daemon a few wake-ups per slice, not several per command. In
+the kernel it costs nothing: the timer, the exit within the slice and the counting happen there,
+and programs known (or learned) to grow fast are reported at their exec, without a slice.
 
 Only the agent's own exec'd children match (rule "child"; "first-exec" also follows children
 that only forked, e.g. subshells); descendants follow by cgroup inheritance. The agent itself is
 never moved or stopped, and anything that goes wrong leaves the process running where it was.
 The agent is the container's init, or the processes named by `execgate.agent.command=<comm>`
 (e.g. a shell server started later), or the child of an init wrapper (tini, docker-init).
-Containers without the opt-in cost nothing but the event filter (a dict lookup per fork); with
-no opted-in container at all, the daemon does not even listen.
+Containers without the opt-in cost nothing but the event filter (a hash lookup per exec and
+exit in the kernel, a dict lookup per fork through the connector); with no opted-in container at
+all, nothing is loaded and nothing listens.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from execgate.bpf import inside as probe_mod
 from execgate.cgroups import container, v2
 from execgate.common import hints, records
 from execgate.common.config import Config
@@ -59,6 +65,12 @@ log = logging.getLogger("execgated.inside")
 COMMAND_ANNOTATION = "execgate.agent.command"
 XATTR = "trusted.execgate.inside"  # on a tool cgroup: "spare", or the call (for a restart)
 INIT_WRAPPERS = frozenset({"docker-init", "tini", "dumb-init", "catatonit"})
+# Programs that run others: a burst in their call is the other program's, so they are never
+# learned as ones to place at exec (that would place every command an agent runs at once).
+NEVER_LEARNED = INIT_WRAPPERS | {"sh", "bash", "dash", "ash", "zsh", "ksh", "fish", "busybox",
+                                 "env", "timeout", "nice", "nohup", "xargs", "time", "sudo",
+                                 "su", "setsid", "stdbuf", "script", "flock", "chroot", "strace"}
+MAX_LEARNED = 256
 MAX_XATTR_ARGV = 2048
 
 
@@ -71,6 +83,8 @@ class Match:
     parent: int
     cid: str
     exec_ns: int = 0  # when it exec'd (the event's CLOCK_MONOTONIC timestamp)
+    comm: str = ""  # what it exec'd, where the event says (it may be gone before /proc does)
+    at_exec: bool = False  # reported at its exec, without a slice (a program known to grow)
 
 
 class Tracker:
@@ -383,6 +397,7 @@ class Box:
     cgroup: str
     init_pid: int
     command: str | None
+    number: int = 0  # the box's number in the BPF probe's agents map
     agents: set[int] = field(default_factory=set)
     spares: list[str] = field(default_factory=list)
     next_scan: float = 0.0
@@ -396,6 +411,7 @@ class Call:
     stderr: int | None
     frozen: bool = False
     status: int | None = None
+    last_comm: str = ""  # the program it ran last (the kernel's exit event), for learning
     exited: threading.Event = field(default_factory=threading.Event)
     wait: asyncio.Task[None] | None = None
 
@@ -421,6 +437,12 @@ class InsideAgents:
         self.calls: dict[str, Call] = {}
         self.by_pid: dict[int, Call] = {}
         self.conn: proc_events.ProcConnector | None = None
+        self.probe: probe_mod.InsideProbe | None = None  # the kernel-side source (rule child)
+        self._probe_off: str | None = None  # why the probe is not used (auto: once is enough)
+        self._probe_short = 0  # short commands counted by probes closed since
+        self._numbers: dict[int, str] = {}  # box number -> container id
+        self.learned: set[str] = set()  # programs placed at exec because their calls grew
+        self._next_number = 1
         self.ends: EndWatcher | None = None
         self.inotify: Inotify | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -478,8 +500,10 @@ class InsideAgents:
     def _listen(self, on: bool) -> None:
         """Listen to process events only while some container has opted in."""
         assert self.loop is not None
-        if on and self.conn is None:
+        if on and self.conn is None and self.probe is None:
             if time.monotonic() < self._retry_listen_at:
+                return
+            if self._open_probe():
                 return
             try:
                 conn = proc_events.ProcConnector(self.conf.rcvbuf_bytes)
@@ -493,12 +517,94 @@ class InsideAgents:
             self.loop.add_reader(conn.fileno(), self._readable)
             log.info("inside agents: listening to process events (kernel filter: %s)",
                      conn.filtered)
+        elif not on and self.probe is not None:
+            self.loop.remove_reader(self.probe.fileno())
+            with contextlib.suppress(OSError):
+                self._probe_short += self.probe.stats()["short"]
+            self.probe.close()
+            self.probe = None
+            log.info("inside agents: no opted-in container; probe detached")
         elif not on and self.conn is not None:
             self.loop.remove_reader(self.conn.fileno())
             self.conn.close()
             self.conn = None
             self.tracker.pending.clear()
             log.info("inside agents: no opted-in container; not listening")
+
+    def _open_probe(self) -> bool:
+        """Follow commands in the kernel (bpf/inside.bpf.c) where configured and possible."""
+        source = self.conf.source
+        if source == "connector" or (source == "auto" and self._probe_off is not None):
+            return False
+        if self.conf.rule != "child":
+            self._probe_off = f"rule {self.conf.rule!r} is followed by the proc connector only"
+            log.info("inside agents: %s", self._probe_off)
+            return False
+        try:
+            obj = probe_mod.build()
+            self.probe = probe_mod.load(obj, slice_ns=self._slice_ns)
+        except Exception as e:  # noqa: BLE001 - any failure: the connector will do
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            self._probe_off = first
+            if source == "bpf":
+                self._retry_listen_at = time.monotonic() + 30.0
+                log.error("inside agents: no BPF probe (%s); their tools run unmanaged "
+                          "(retry in 30 s)", first)
+                return True
+            log.info("inside agents: no BPF probe (%s); using the proc connector", first)
+            return False
+        for name in (*self.conf.place_at_exec, *self.learned):
+            self._eager(name)
+        assert self.loop is not None
+        self.loop.add_reader(self.probe.fileno(), self._on_probe_events)
+        for table, wrapper in ((self.tracker.agents, False), (self.tracker.wrappers, True)):
+            for pid, cid in table.items():
+                if cid in self.boxes:
+                    self._probe_agent(pid, self.boxes[cid], wrapper)
+        log.info("inside agents: following commands in the kernel (%s, slice %.1f ms)", obj,
+                 self._slice_ns / 1e6)
+        return True
+
+    def _eager(self, name: str) -> None:
+        if self.probe is None:
+            return
+        try:
+            self.probe.add_eager(name)
+        except (OSError, ValueError) as e:
+            log.warning("inside agents: %r not placed at exec: %s", name, e)
+
+    def _learn(self, c: Call, peak: int | None) -> None:
+        """A call grew past learn_at_exec_bytes: its program is placed at exec from now on."""
+        name = c.last_comm
+        limit = self.conf.learn_at_exec_bytes
+        if (not limit or peak is None or peak < limit or not name or name in self.learned
+                or name in NEVER_LEARNED or name[:15] in {n[:15] for n in self.conf.place_at_exec}
+                or len(self.learned) >= MAX_LEARNED):
+            return
+        self.learned.add(name)
+        self._eager(name)
+        log.info("inside agents: %r grew to %d MiB in %s: placed at its exec from now on", name,
+                 peak >> 20, c.name)
+
+    def _probe_agent(self, pid: int, box: Box, wrapper: bool = False) -> None:
+        if self.probe is None:
+            return
+        try:
+            self.probe.add_agent(pid, box.number, wrapper=wrapper)
+        except OSError as e:
+            log.warning("inside agent %d in %s: not followed in the kernel: %s", pid,
+                        box.cid[:12], e)
+
+    def _set_agent(self, box: Box, pid: int, *, wrapper: bool = False) -> None:
+        """pid is an agent of box (or its init wrapper): for the tracker and for the probe."""
+        if wrapper:
+            self.tracker.agents.pop(pid, None)
+            box.agents.discard(pid)
+            self.tracker.wrappers[pid] = box.cid
+        else:
+            self.tracker.agents[pid] = box.cid
+            box.agents.add(pid)
+        self._probe_agent(pid, box, wrapper)
 
     async def _periodic(self) -> None:
         while True:
@@ -561,8 +667,10 @@ class InsideAgents:
     def _add_box(self, rec: dict[str, Any]) -> None:
         command = (rec.get("annotations") or {}).get(COMMAND_ANNOTATION) or None
         box = Box(rec["id"], str(rec.get("sandbox") or rec["id"]), rec["cgroup"],
-                  int(rec["init_pid"]), command)
+                  int(rec["init_pid"]), command, self._next_number)
+        self._next_number += 1
         self.boxes[box.cid] = box
+        self._numbers[box.number] = box.cid
         self._listen(True)
         self._recover(box)
         self._find_agents(box)
@@ -574,6 +682,12 @@ class InsideAgents:
         box = self.boxes.pop(cid, None)
         if box is None:
             return
+        self._numbers.pop(box.number, None)
+        if self.probe is not None:
+            for table in (self.tracker.agents, self.tracker.wrappers):
+                for pid in [p for p, c in table.items() if c == cid]:
+                    with contextlib.suppress(OSError):
+                        self.probe.remove_agent(pid)
         self.tracker.forget_container(cid)
         for spare in box.spares:
             v2.remove(spare, attempts=1)
@@ -588,7 +702,7 @@ class InsideAgents:
             if name is None:
                 return
             if name in INIT_WRAPPERS:
-                self.tracker.wrappers[box.init_pid] = box.cid
+                self._set_agent(box, box.init_pid, wrapper=True)
                 found = {c for c in children(box.init_pid) if comm(c) not in INIT_WRAPPERS}
             else:
                 found = {box.init_pid}
@@ -602,8 +716,7 @@ class InsideAgents:
                         found.add(pid)
             found = {p for p in found if ppid(p) not in found}  # not an agent's own child
         for pid in found - box.agents:
-            box.agents.add(pid)
-            self.tracker.agents[pid] = box.cid
+            self._set_agent(box, pid)
             self._pend_children(box, pid)
 
     def _pend_children(self, box: Box, agent: int) -> None:
@@ -617,10 +730,13 @@ class InsideAgents:
             if child in self.by_pid:
                 continue
             if _nul_list(f"/proc/{child}/cmdline") == mine:
-                self.tracker.fork(agent, child, child, time.monotonic_ns())
+                if self.probe is None:  # (the probe sees its exec without being told)
+                    self.tracker.fork(agent, child, child, time.monotonic_ns())
             elif home is not None and cgroup_path(child) == home:
                 try:
                     self._place(Match("call", child, agent, box.cid, started_ns(child)), box)
+                    if self.probe is not None and child in self.by_pid:
+                        self.probe.adopt_call(child, agent, box.number)  # to hear its exit
                 except Exception:  # a bug here must not stop the scan
                     self.stats["failed"] += 1
                     log.exception("inside agents: placing %d late failed", child)
@@ -693,6 +809,37 @@ class InsideAgents:
                 continue
             self._try_place(m, box)
 
+    def _on_probe_events(self) -> None:
+        """The kernel's side (bpf/inside.bpf.c) has kept every command that ended within its
+        slice: what arrives here is a call to place, a placed call's end, or news of agents."""
+        if self.probe is None:
+            return
+        events = self.probe.read()
+        self.stats["events"] += len(events)
+        for ev in events:
+            cid = self._numbers.get(ev.box)
+            box = self.boxes.get(cid) if cid is not None else None
+            if ev.kind == probe_mod.EV_CALL:
+                if box is not None:
+                    self._try_place(Match("call", ev.tgid, ev.parent, box.cid, ev.ns, ev.comm,
+                                          bool(ev.status & probe_mod.AT_EXEC)), box)
+            elif ev.kind == probe_mod.EV_EXIT:
+                call = self.by_pid.pop(ev.tgid, None)
+                if call is not None:
+                    call.status = ev.status
+                    call.last_comm = ev.comm
+                    call.exited.set()
+            elif ev.kind == probe_mod.EV_AGENT:  # the kernel made it an agent already
+                if box is not None:
+                    self.tracker.agents[ev.tgid] = box.cid
+                    box.agents.add(ev.tgid)
+            elif ev.kind == probe_mod.EV_AGENT_EXEC:
+                self._agent_execd(ev.tgid)
+            elif ev.kind == probe_mod.EV_AGENT_EXIT:
+                self.tracker.exit(ev.tgid, ev.tgid, ev.ns)
+                if box is not None:
+                    box.agents.discard(ev.tgid)
+
     def _place_due(self, tgid: int) -> None:
         """A call's first slice is over and it still runs: now it is worth a cgroup."""
         _handle, m = self._due.pop(tgid, (None, None))
@@ -715,9 +862,7 @@ class InsideAgents:
         if box is None or box.command is not None or tgid != box.init_pid:
             return
         if comm(tgid) in INIT_WRAPPERS:
-            del self.tracker.agents[tgid]
-            box.agents.discard(tgid)
-            self.tracker.wrappers[tgid] = box.cid
+            self._set_agent(box, tgid, wrapper=True)
 
     # -- placement -----------------------------------------------------------------------------
 
@@ -743,6 +888,8 @@ class InsideAgents:
         if ppid(m.tgid) != m.parent:
             self.stats["short"] += 1  # gone (its exit is on its way), or its pid was reused
             return
+        # Its name now: a short call may be gone (reaped) by the time its journal line is made.
+        name_early = m.comm or comm(m.tgid)
         tool = box.spares.pop(0) if box.spares else self._new_tool(box)
         t0 = time.monotonic_ns()
         try:
@@ -771,7 +918,7 @@ class InsideAgents:
         tty = stderr is not None and os.isatty(stderr)
         argv = _nul_list(f"/proc/{m.tgid}/cmdline")
         if not argv:  # it ended already: no command line left, but a zombie keeps its name
-            short = comm(m.tgid)
+            short = comm(m.tgid) or name_early
             argv = [short] if short else []
         name = os.path.basename(tool)
         call: dict[str, Any] = {
@@ -782,7 +929,7 @@ class InsideAgents:
             "arrival": time.time() - (moved_ns - m.exec_ns) / 1e9,
             "inside": {
                 "pid": m.tgid, "agent_pid": m.parent,
-                "placement_us": round((moved_ns - m.exec_ns) / 1000, 1),
+                "placement_us": round((moved_ns - m.exec_ns) / 1000, 1), "at_exec": m.at_exec,
                 "move_us": round((moved_ns - t0) / 1000, 1),
                 "rss_before_bytes": mem.get("VmRSS"), "anon_before_bytes": mem.get("RssAnon"),
                 "memory_after_move": v2.read_int(tool, "memory.current"),
@@ -912,6 +1059,8 @@ class InsideAgents:
             log.warning("inside call %s: cannot remove %s", c.name, c.cgroup)
         if not c.exited.wait(0.5) and self.loop is not None:
             self.loop.call_soon_threadsafe(self._forget_pid, c)
+        elif c.last_comm and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._learn, c, entry.get("memory_peak"))
         watcher.record(entry, c.status, end, self.cfg.journal, log)
 
     def _forget_pid(self, c: Call) -> None:
@@ -963,6 +1112,12 @@ class InsideAgents:
 
     def snapshot(self) -> dict[str, Any]:
         stats = dict(self.stats)
-        stats["short"] += self.tracker.gone_before_fork
-        return {"containers": len(self.boxes), "listening": self.conn is not None,
-                "calls": len(self.calls), **stats}
+        stats["short"] += self.tracker.gone_before_fork + self._probe_short
+        if self.probe is not None:
+            with contextlib.suppress(OSError):
+                stats["kernel"] = self.probe.stats()  # the probe's own counters
+                stats["short"] += stats["kernel"]["short"]
+        source = "bpf" if self.probe is not None else "connector" if self.conn else None
+        return {"containers": len(self.boxes), "listening": source is not None,
+                "source": source, "calls": len(self.calls), "learned": sorted(self.learned),
+                **stats}

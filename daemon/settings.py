@@ -56,12 +56,25 @@ class InsideConfig:
     # Which exec is a tool call: "child" (exec'd by the agent process itself) or "first-exec"
     # (the first exec below the agent, through children that only forked, e.g. subshells).
     rule: str = "child"
+    # Where commands are followed: "bpf" (bpf/inside.bpf.c: the kernel keeps commands that end
+    # within their first slice and wakes the daemon only for the others; rule "child" only),
+    # "connector" (the proc connector: the daemon reads every fork, exec and exit), or "auto"
+    # (bpf where it builds and loads, else the connector).
+    source: str = "auto"
     # When a placed call stops: "queued" (only while the daemon makes it wait: a call admitted
     # at once never stops) or "always" (it joins a frozen cgroup, thawed once admitted).
     freeze: str = "queued"
     # A command is placed only once it has run this long since its exec: most commands end
     # sooner (ls, cat, git status: a few ms), cost nothing then, and cannot burst in that time.
     place_after_ms: float = 5.0
+    # Programs placed at their exec, without a slice (source bpf): they grow from their first
+    # milliseconds (an interpreter loading, a compiler), and would be placed anyway.
+    place_at_exec: tuple[str, ...] = ("python", "python3", "pytest", "pip", "pip3", "node",
+                                      "npm", "npx", "cargo", "rustc", "cc1", "cc1plus",
+                                      "java", "go")
+    # A program whose call's memory peak reaches this is placed at its exec from then on
+    # (learned while the daemon runs; shells and wrappers never are). 0: never.
+    learn_at_exec_bytes: int = 256 << 20
     # Prepared tool cgroups per container, so placement is one write to cgroup.procs.
     spares: int = 1
     # How often container records are re-read (inotify normally tells at once).
@@ -130,6 +143,7 @@ def from_table(cls: type[T], table: dict[str, Any], section: str, errors: list[s
 
 INSIDE_RULES = ("child", "first-exec")
 INSIDE_FREEZE = ("queued", "always")
+INSIDE_SOURCES = ("auto", "bpf", "connector")
 
 
 def _inside(table: dict[str, Any], errors: list[str]) -> InsideConfig:
@@ -138,6 +152,10 @@ def _inside(table: dict[str, Any], errors: list[str]) -> InsideConfig:
     if inside.rule not in INSIDE_RULES:
         errors.append(f"[inside] rule: {inside.rule!r} is not child or first-exec; child used")
         fixes["rule"] = "child"
+    if inside.source not in INSIDE_SOURCES:
+        errors.append(f"[inside] source: {inside.source!r} is not auto, bpf or connector; "
+                      "auto used")
+        fixes["source"] = "auto"
     if inside.freeze not in INSIDE_FREEZE:
         errors.append(f"[inside] freeze: {inside.freeze!r} is not queued or always; queued used")
         fixes["freeze"] = "queued"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from execgate.bpf import inside as probe_mod
 from execgate.common import records
 from execgate.common.config import Config
 from execgate.daemon import inside, proc_events, settings
@@ -51,8 +52,54 @@ class FakeConnector:
         os.close(self.w)
 
 
+class FakeProbe:
+    """bpf/inside.py's InsideProbe as the daemon sees it: agents in, events out."""
+
+    instances: ClassVar[list[FakeProbe]] = []
+
+    def __init__(self, slice_ns: int) -> None:
+        self.slice_ns = slice_ns
+        self.r, self.w = os.pipe()
+        self.queue: list[probe_mod.Event] = []
+        self.agents: dict[int, tuple[int, bool]] = {}
+        self.adopted: list[int] = []
+        self.eager: set[str] = set()
+        FakeProbe.instances.append(self)
+
+    def fileno(self) -> int:
+        return self.r
+
+    def push(self, *events: probe_mod.Event) -> None:
+        self.queue.extend(events)
+        os.write(self.w, b"x")
+
+    def read(self) -> list[probe_mod.Event]:
+        os.read(self.r, 4096)
+        out, self.queue = self.queue, []
+        return out
+
+    def add_agent(self, tgid: int, box: int, *, wrapper: bool = False) -> None:
+        self.agents[tgid] = (box, wrapper)
+
+    def remove_agent(self, tgid: int) -> bool:
+        return self.agents.pop(tgid, None) is not None
+
+    def add_eager(self, comm: str) -> None:
+        self.eager.add(comm)
+
+    def adopt_call(self, tgid: int, parent: int, box: int) -> None:
+        self.adopted.append(tgid)
+
+    def stats(self) -> dict[str, int]:
+        return {"short": 7}
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
 def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
-           place_after_ms: float = 5.0
+           place_after_ms: float = 5.0, source: str = "connector"
            ) -> tuple[inside.InsideAgents, Path, list[tuple[int, str]]]:
     dom = tmp / "domain"
     dom.mkdir()
@@ -69,7 +116,8 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
     cfg = Config(state_dir=str(state), journal=str(tmp / "calls.jsonl"),
                  tables={"daemon": {"domain": str(dom), "store": str(tmp / "h.sqlite"),
                                     "gate": "off"},
-                         "inside": {"freeze": freeze, "place_after_ms": place_after_ms}})
+                         "inside": {"freeze": freeze, "place_after_ms": place_after_ms,
+                                    "source": source}})
     s, errors = settings.load(cfg)
     assert errors == []
     moves: list[tuple[int, str]] = []
@@ -79,6 +127,8 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
         Path(path, "cgroup.events").write_text("populated 1\n")
 
     monkeypatch.setattr(inside.proc_events, "ProcConnector", FakeConnector)
+    monkeypatch.setattr(inside.probe_mod, "build", lambda: "inside.bpf.o")
+    monkeypatch.setattr(inside.probe_mod, "load", lambda obj, slice_ns: FakeProbe(slice_ns))
     monkeypatch.setattr(inside.v2, "move", move)
     # This test process plays the agent; what it already runs (a multiprocessing forkserver
     # left by other tests) is not the agent's: only what a test spawns counts.
@@ -274,3 +324,92 @@ def test_a_call_is_placed_only_after_its_first_slice(tmp_path: Path,
             agents.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_kernel_probe_reports_calls_and_their_ends(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """source bpf: the agent goes into the probe's map; the probe's EV_CALL places a call, its
+    EV_EXIT ends it with the wait status; short commands never reach the daemon."""
+    agents, _cg, moves = _setup(tmp_path, monkeypatch, source="bpf")
+
+    async def scenario() -> dict[str, Any]:
+        agents.start()
+        try:
+            probe = FakeProbe.instances[-1]
+            box = agents.boxes["box"]
+            assert probe.agents == {os.getpid(): (box.number, False)}
+            assert probe.slice_ns == 5_000_000
+            assert {"python3", "pytest"} <= probe.eager  # placed at exec by default
+            child = subprocess.Popen(["sleep", "0.3"])
+            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\x000.3\x00":
+                await asyncio.sleep(0.001)
+            probe.push(probe_mod.Event(probe_mod.EV_CALL, child.pid, os.getpid(), box.number,
+                                       time.monotonic_ns(), 0))
+            await asyncio.sleep(0.05)
+            assert [p for p, _ in moves] == [child.pid]
+            [call] = agents.calls.values()
+            Path(call.cgroup, "memory.peak").write_text(f"{300 * MiB}\n")
+            child.wait()
+            # It ran `bigprog` last (exec'd from sleep, say) and peaked at 300 MiB: from now on
+            # bigprog is placed at its exec.
+            probe.push(probe_mod.Event(probe_mod.EV_EXIT, child.pid, os.getpid(), box.number,
+                                       time.monotonic_ns(), 3 << 8, "bigprog"))
+            await asyncio.sleep(0.05)
+            assert call.status == 3 << 8
+            snap = agents.snapshot()
+            assert snap["source"] == "bpf" and snap["short"] == 7 and snap["placed"] == 1
+            agents._ended(call.name)
+            for _ in range(50):
+                await asyncio.sleep(0.05)
+                if (tmp_path / "calls.jsonl").exists():
+                    break
+            await asyncio.sleep(0.05)
+            assert agents.learned == {"bigprog"} and "bigprog" in probe.eager
+            return json.loads((tmp_path / "calls.jsonl").read_text())
+        finally:
+            agents.stop()
+
+    entry = asyncio.run(scenario())
+    assert entry["exit_code"] == 3 and entry["inside"]["agent_pid"] == os.getpid()
+    assert entry["memory_peak"] == 300 * MiB and entry["inside"]["at_exec"] is False
+
+
+def test_without_the_probe_auto_falls_back_to_the_connector(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, _moves = _setup(tmp_path, monkeypatch, source="auto")
+
+    def no_probe(obj: str, slice_ns: int) -> FakeProbe:
+        raise OSError(1, "bpf(cmd 5): Operation not permitted")
+
+    monkeypatch.setattr(inside.probe_mod, "load", no_probe)
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            assert agents.snapshot()["source"] == "connector"
+            assert agents.conn is FakeConnector.instances[-1]
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
+def test_shells_and_small_calls_are_never_learned(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, _moves = _setup(tmp_path, monkeypatch, source="bpf")
+    big, small = 300 * MiB, 10 * MiB
+
+    def call(comm: str) -> inside.Call:
+        box = inside.Box("box", "box", str(tmp_path), 1, None)
+        c = inside.Call({"call": f"tool-{comm}"}, 1, box, None)
+        c.last_comm = comm
+        return c
+
+    agents._learn(call("sh"), big)  # a shell's call: the burst was another program's
+    agents._learn(call("bash"), big)
+    agents._learn(call("memhog"), small)
+    agents._learn(call("python3"), big)  # listed already
+    agents._learn(call(""), big)
+    assert agents.learned == set()
+    agents._learn(call("memhog"), big)
+    assert agents.learned == {"memhog"}
