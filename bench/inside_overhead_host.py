@@ -1,17 +1,18 @@
 """What following an inside agent costs it on real hardware: the daemon's event path, no VM.
 
     sudo .venv/bin/python bench/inside_overhead_host.py [--n 1000] [--rounds 5]
-        [--place-after 0,5] [--command /bin/true]
+        [--place-after 0,5] [--sources connector,bpf] [--command /bin/true]
 
 The test VM's figure (`inside_overhead.py`) is dominated by emulation: under single-threaded
 TCG the daemon's every wake-up is taken from the agent. This runs the daemon's own code
-(`InsideAgents` with a real `Engine`, the kernel's real proc connector) in this process on the
-host, and an "agent" shell (a child process, playing a container's init) that runs N
+(`InsideAgents` with a real `Engine`, and the real BPF probe or proc connector) in this process
+on the host, and an "agent" shell (a child process, playing a container's init) that runs N
 `/bin/true`s, timed from here. Variants, interleaved per round: `plain` (no opted-in container:
-the daemon does not listen) and `inside/<ms>` (listening, first slice of <ms>). No container
-and no cgroup v2 are needed: the agent's record and cgroup directory live in a temp dir, and the
-move into a tool cgroup is recorded, not made (with a first slice, a `/bin/true` ends before
-it would be placed; the figures say how many were). Needs root (the proc connector).
+nothing is loaded) and `inside/<source>/<ms>` (followed by that source, first slice of <ms>).
+No container and no cgroup v2 are needed: the agent's record and cgroup directory live in a temp
+dir, and the move into a tool cgroup is recorded, not made (with a first slice, a `/bin/true`
+ends before it would be placed; the figures say how many were). Needs root (BPF, the proc
+connector).
 """
 
 from __future__ import annotations

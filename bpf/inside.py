@@ -92,15 +92,6 @@ class InsideProbe:
     def remove_agent(self, tgid: int) -> bool:
         return self.maps["inside_agents"].delete(_U32.pack(tgid))
 
-    def agents(self) -> dict[int, tuple[int, int]]:
-        m = self.maps["inside_agents"]
-        out = {}
-        for key in list(m.iter_keys()):
-            value = m.lookup(key)
-            if value is not None:
-                out[_U32.unpack(key)[0]] = _AGENT.unpack_from(value, 0)
-        return out
-
     def adopt_call(self, tgid: int, parent: int, box: int) -> None:
         """A call placed without the kernel's report (found late by a scan): its exit is told
         like a reported call's."""

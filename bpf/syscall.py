@@ -28,18 +28,27 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_ANY = 0
 _ATTR_SIZE = 64  # enough for every command used here; the rest is zero as the kernel wants
 
-_libc = None
+_libc: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    """libc, loaded once, with the prototypes used here."""
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.syscall.restype = ctypes.c_long
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, ctypes.c_long]
+        _libc = lib
+    return _libc
 
 
 def _syscall_bpf(cmd: int, attr: ctypes.Array) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
     nr = _NR_BPF.get(platform.machine())
     if nr is None:
         raise OSError(errno.ENOSYS, f"bpf(2) syscall number unknown on {platform.machine()}")
-    ret = _libc.syscall(ctypes.c_long(nr), ctypes.c_long(cmd),
+    ret = _lib().syscall(ctypes.c_long(nr), ctypes.c_long(cmd),
                         ctypes.c_void_p(ctypes.addressof(attr)), ctypes.c_long(len(attr)))
     if ret < 0:
         err = ctypes.get_errno()
@@ -199,16 +208,10 @@ class RingBuffer:
     _U64 = struct.Struct("=Q")
 
     def __init__(self, fd: int, size: int) -> None:
-        global _libc
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.syscall.restype = ctypes.c_long
         self.page = os.sysconf("SC_PAGE_SIZE")
         self.size = size
-        mmap = _libc.mmap
-        mmap.restype = ctypes.c_void_p
-        mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                         ctypes.c_int, ctypes.c_long]
+        libc = _lib()
+        mmap = libc.mmap
         prot_read, prot_write, map_shared = 1, 2, 1
         self._cons_addr = mmap(None, self.page, prot_read | prot_write, map_shared, fd, 0)
         if self._cons_addr in (None, ctypes.c_void_p(-1).value):
@@ -217,7 +220,7 @@ class RingBuffer:
         self._prod_addr = mmap(None, self._prod_len, prot_read, map_shared, fd, self.page)
         if self._prod_addr in (None, ctypes.c_void_p(-1).value):
             err = ctypes.get_errno()
-            _libc.munmap(ctypes.c_void_p(self._cons_addr), ctypes.c_size_t(self.page))
+            libc.munmap(ctypes.c_void_p(self._cons_addr), ctypes.c_size_t(self.page))
             raise OSError(err, "mmap of the ring buffer's data")
         self._cons = (ctypes.c_char * self.page).from_address(self._cons_addr)
         self._data = memoryview((ctypes.c_char * self._prod_len).from_address(self._prod_addr))
@@ -236,7 +239,7 @@ class RingBuffer:
         if self.fd < 0:
             return
         self._data.release()
-        assert _libc is not None
-        _libc.munmap(ctypes.c_void_p(self._prod_addr), ctypes.c_size_t(self._prod_len))
-        _libc.munmap(ctypes.c_void_p(self._cons_addr), ctypes.c_size_t(self.page))
+        libc = _lib()
+        libc.munmap(ctypes.c_void_p(self._prod_addr), ctypes.c_size_t(self._prod_len))
+        libc.munmap(ctypes.c_void_p(self._cons_addr), ctypes.c_size_t(self.page))
         self.fd = -1

@@ -829,10 +829,9 @@ class InsideAgents:
                     call.status = ev.status
                     call.last_comm = ev.comm
                     call.exited.set()
-            elif ev.kind == probe_mod.EV_AGENT:  # the kernel made it an agent already
+            elif ev.kind == probe_mod.EV_AGENT:  # a wrapper's child: the new agent
                 if box is not None:
-                    self.tracker.agents[ev.tgid] = box.cid
-                    box.agents.add(ev.tgid)
+                    self._set_agent(box, ev.tgid)
             elif ev.kind == probe_mod.EV_AGENT_EXEC:
                 self._agent_execd(ev.tgid)
             elif ev.kind == probe_mod.EV_AGENT_EXIT:
