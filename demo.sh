@@ -15,6 +15,8 @@
 # the tour, EXECGATE_DEMO_INSTALL=0 skips install.sh (execgate already installed).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")" && pwd)
+# bench/ runs from the checkout, beside the execgate package: python3 -m bench.NAME
+export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
 results=$(realpath -m "${1:-$repo/results/demo}")
 image=${EXECGATE_DEMO_IMAGE:-execgate-demo:latest}
 
@@ -68,13 +70,13 @@ native() {
         build_image
     fi
     if [[ ${EXECGATE_DEMO_TOUR:-1} != 0 ]]; then
-        EXECGATE_DEMO_IMAGE=$image python3 "$repo/bench/demo.py"
+        EXECGATE_DEMO_IMAGE=$image python3 -m bench.demo
     fi
     say "the same burst of agent sandboxes into 384 MiB: eager (runc) vs execgate"
-    python3 "$repo/bench/replay.py" demo --dry-run | sed -n '3,4p'
+    python3 -m bench.replay demo --dry-run | sed -n '3,4p'
     echo "(a few minutes: eager, then execgate; one line per task event)"
-    python3 "$repo/bench/replay.py" demo --image "$image" --out "$results"
-    python3 "$repo/bench/report.py" --plots-optional "$results/results.json" >/dev/null
+    python3 -m bench.replay demo --image "$image" --out "$results"
+    python3 -m bench.report --plots-optional "$results/results.json" >/dev/null
     echo "report: $results/report.md"
 }
 
@@ -101,7 +103,7 @@ wait $vm || rc=$?
 if [[ -f $results/demo/results.json ]]; then
     python=$repo/.venv/bin/python
     [[ -x $python ]] || python=python3
-    "$python" "$repo/bench/report.py" --plots-optional "$results/demo/results.json" \
+    "$python" -m bench.report --plots-optional "$results/demo/results.json" \
         | sed 's/^/report: /'
 fi
 exit $rc

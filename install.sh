@@ -45,7 +45,7 @@ done
 
 have_systemd() { [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
 runtime_path=$bindir/execgate
-docker_json() { python3 "$src/ctl/daemon_json.py" "$@"; }
+docker_json() { PYTHONPATH=$src python3 -m execgate.ctl.daemon_json "$@"; }
 
 reload_docker() {
     # Runtimes are re-read on SIGHUP: no restart, running containers are untouched. The reload
@@ -106,8 +106,8 @@ fi
 "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$src" \
     || die "pip install failed"
 # The runtime runs on every call Docker makes: its entry point starts Python isolated and without
-# site, the venv's site-packages put on sys.path explicitly (shim/launcher.py), over pip's.
-"$prefix/bin/python" -m execgate.shim.launcher "$prefix/bin/execgate" \
+# site, the venv's site-packages put on sys.path explicitly (runtime/launcher.py), over pip's.
+"$prefix/bin/python" -m execgate.runtime.launcher "$prefix/bin/execgate" \
     || say "warning: kept pip's entry point for execgate (slower start-up)"
 install -m 0644 "$src/README.md" "$prefix/README.md"
 for c in "${commands[@]}"; do

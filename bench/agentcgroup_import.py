@@ -36,8 +36,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from execgate.bench.metrics import percentile
-from execgate.bench.trace import (
+from bench.metrics import percentile
+from bench.trace import (
     LlmWait,
     MemoryProfile,
     Step,
@@ -293,7 +293,7 @@ def find_attempts(root: str | Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m execgate.bench.agentcgroup_import",
+        prog="python -m bench.agentcgroup_import",
         description="Convert AgentCgroup attempt directories into an execgate JSONL trace.",
     )
     ap.add_argument(

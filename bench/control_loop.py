@@ -11,7 +11,7 @@ or loaded into the kernel) and registers N synthetic sandboxes the way the runti
 * a container record per sandbox in state_dir (what `create`/`start` write), managed and
   prepared, its "cgroup" a plain directory with `init/` under the temporary directory;
 * one running tool call per sandbox, admitted through the real protocol (`admit`, with the
-  runtime's own client, shim/admit.py), whose tool "cgroup" directory is then created with
+  runtime's own client, runtime/admit.py), whose tool "cgroup" directory is then created with
   `memory.current`, `memory.peak`, `cpu.stat` and `cgroup.events` files, so every control
   iteration samples it exactly as it samples a real cgroup (same file reads, on tmpfs instead
   of cgroupfs) and the growth controller sees it;
@@ -55,12 +55,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from execgate.bench.metrics import percentile
+from bench.metrics import percentile
 from execgate.cgroups import container as layout
 from execgate.common import meminfo, records
 from execgate.daemon import protocol
 from execgate.oci.runclog import RuncLog
-from execgate.shim import admit
+from execgate.runtime import admit
 
 MiB = 1 << 20
 RUNNING_HINT = 4 * MiB  # declared peak of every running call

@@ -4,7 +4,7 @@ Both containers run in the same Docker, interleaved call by call so drift (TCG, 
 both alike; the result is a ratio of medians, the only figure that carries across machines.
 Also timed: a passed-through runtime call (`execgate --version` vs `runc --version`), the
 price every non-intercepted runc command pays for going through execgate.
-    python3 bench/exec_latency.py [--n 40] [--image execgate-test:latest] [--out FILE]
+    python3 -m bench.exec_latency [--n 40] [--image execgate-test:latest] [--out FILE]
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from execgate.bench.metrics import percentile
-from execgate.bench.trace import (
+from bench.metrics import percentile
+from bench.trace import (
     LlmWait,
     MemoryProfile,
     Step,
@@ -300,7 +300,7 @@ def generate_task(seed: int | str, index: int, cfg: GenConfig | None = None) -> 
 
     baseline = round(max(150.0, rng.gauss(cfg.baseline_mb, cfg.baseline_sd_mb)) * MB)
     meta = {
-        "generator": "execgate.bench.generate",
+        "generator": "bench.generate",
         "seed": seed,
         "index": index,
         "target_duration_s": round(total, 3),
@@ -450,7 +450,7 @@ def calibration_stats(tasks: Sequence[Task]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m execgate.bench.generate",
+        prog="python -m bench.generate",
         description="Generate calibrated synthetic agent traces (JSONL).",
     )
     ap.add_argument("-n", "--tasks", type=int, default=20, help="number of tasks (default 20)")

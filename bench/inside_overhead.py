@@ -1,10 +1,10 @@
 """What inside-agent tracing costs an agent: N short commands, with and without the opt-in.
 
-    sudo python3 bench/inside_overhead.py [--n 1000] [--rounds 3] [--modes queued,always]
+    sudo python3 -m bench.inside_overhead [--n 1000] [--rounds 3] [--modes queued,always]
                                           [--place-after 5,50] [--sources bpf,connector]
 
 Needs Docker with execgate installed and execgated running (e.g. in the test VM:
-`EXECGATE_VM_CMD='python3 src/bench/inside_overhead.py --n 200' tests/vm/run.sh cmd DIR`).
+`EXECGATE_VM_CMD='python3 -m bench.inside_overhead --n 200' tests/vm/run.sh cmd DIR`).
 Each run starts a container whose main process (the "agent", a busybox sh loop) spawns N
 `memhog 0` children (a static binary that allocates nothing: the shortest real command), timed
 from inside with /proc/uptime. Variants: `plain` (execgate runtime, no opt-in: the baseline an

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from execgate.bench.inside_overhead import against_plain
+from bench.inside_overhead import against_plain
 from execgate.common.config import Config
 from execgate.daemon import inside, settings
 from execgate.daemon.engine import Engine

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from execgate.bench.trace import Task, profiled_peak
+from bench.trace import Task, profiled_peak
 
 RETRY_LIMIT = 5  # retries after the first attempt, so at most 6 attempts per task
 

@@ -14,6 +14,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
+# bench/ runs from the checkout, beside the execgate package: python3 -m bench.NAME
+export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
 mode=demo
 if [[ ${1:-} == demo || ${1:-} == sweep ]]; then mode=$1; shift; fi
 out=$(realpath -m "${1:-$repo/results/bench-$mode}")
@@ -47,4 +49,4 @@ done
 for pid in "${pids[@]}"; do wait "$pid" || echo "readme_results.sh: a part failed (see $out/part-*.log)" >&2; done
 python=$repo/.venv/bin/python
 [[ -x $python ]] || python=python3
-"$python" "$here/report.py" --plots-optional --text --out "$out" "${parts[@]}"
+"$python" -m bench.report --plots-optional --text --out "$out" "${parts[@]}"

@@ -7,11 +7,11 @@ memload …`, sequential within a task and concurrent across tasks. The slice's 
 memory budget; a call OOM-killed at its boundary (exit 137) restarts the task from scratch in a
 fresh sandbox, up to metrics.RETRY_LIMIT retries, and the retries count in its latency.
 
-    python3 bench/replay.py run --schemes eager,static,execgate --tasks 8 --seed 1 --speed 20 \\
+    python3 -m bench.replay run --schemes eager,static,execgate --tasks 8 --seed 1 --speed 20 \\
         --mem-scale 8 --budget 768m --out DIR
-    python3 bench/replay.py sweep --tasks 12 --oversub 2,4,8.6 --out DIR
-    python3 bench/replay.py demo --out DIR        # a few minutes: eager vs execgate
-    python3 bench/replay.py plan --tasks 8 ...     # what a run would replay (no Docker)
+    python3 -m bench.replay sweep --tasks 12 --oversub 2,4,8.6 --out DIR
+    python3 -m bench.replay demo --out DIR        # a few minutes: eager vs execgate
+    python3 -m bench.replay plan --tasks 8 ...     # what a run would replay (no Docker)
 
 Needs root, Docker on cgroup v2 with execgate installed (runtime `execgate`, execgated under
 systemd) and an image with /bin/memload (tests/vm/guest-run.sh builds execgate-test:latest).
@@ -22,32 +22,6 @@ Writes DIR/results.json (raw), DIR/report.md and DIR/replayed.jsonl; plots come 
 
 from __future__ import annotations
 
-import sys
-import types
-from pathlib import Path
-
-
-def _bootstrap() -> None:
-    """Import `execgate.*` from this checkout when this interpreter lacks it (the VM's python3:
-    execgate itself lives in /opt/execgate's venv)."""
-    try:
-        import execgate.bench.report
-        import execgate.bench.schemes  # noqa: F401
-    except ImportError:
-        root = Path(__file__).resolve().parent.parent
-        pkg = types.ModuleType("execgate")
-        pkg.__path__ = []
-        sys.modules["execgate"] = pkg
-        for name in ("bench", "common", "policy"):
-            sub = types.ModuleType(f"execgate.{name}")
-            sub.__path__ = [str(root / name)]
-            sys.modules[f"execgate.{name}"] = sub
-            setattr(pkg, name, sub)
-
-
-_bootstrap()
-
-# ruff: noqa: E402  (the imports below need the bootstrap above)
 import argparse
 import json
 import math
@@ -55,18 +29,20 @@ import os
 import platform
 import signal
 import subprocess
+import sys
 import threading
 import time
 import tomllib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from execgate.bench import report
-from execgate.bench.generate import generate
-from execgate.bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
-from execgate.bench.schemes import (
+from bench import report
+from bench.generate import generate
+from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
+from bench.schemes import (
     ARRIVALS,
     DEFAULT_SCHEMES,
     DEFAULT_STATIC_K,
@@ -88,11 +64,11 @@ from execgate.bench.schemes import (
     slice_path,
     toml_dumps,
 )
-from execgate.bench.trace import LlmWait, Task, ToolCall, load_tasks, profiled_peak, save_tasks
+from bench.trace import LlmWait, Task, ToolCall, load_tasks, profiled_peak, save_tasks
 from execgate.common.hints import parse_size
 
 RESULTS_FORMAT = "execgate-bench-results/1"
-LABEL = "execgate.bench"
+LABEL = "bench"
 CONFIG = "/etc/execgate/config.toml"
 OOM_EXIT = 137
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and plots of a replay benchmark's results.json (written by bench/replay.py).
 
-    python3 bench/report.py DIR/results.json [--out DIR] [--no-plots | --plots-optional] [--text]
-    python3 bench/report.py A/results.json B/results.json --out DIR   # merge runs of one workload
+    python3 -m bench.report DIR/results.json [--out DIR] [--no-plots | --plots-optional] [--text]
+    python3 -m bench.report A/results.json B/results.json --out DIR   # merge runs of one workload
 
 Writes report.md and, with matplotlib (`pip install matplotlib`; the VM has none), one PNG per
 load of memory and concurrency over time per scheme (timeline-N.png) and makespan / P50 latency /
@@ -405,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             want_plots = False
             print("report: no matplotlib here: Markdown only (pip install matplotlib, then "
-                  f"python3 bench/report.py {out / 'results.json'})", file=sys.stderr)
+                  f"python3 -m bench.report {out / 'results.json'})", file=sys.stderr)
     try:
         files = render(results, out, plots=want_plots)
     except ImportError:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from execgate.bench.trace import (
+from bench.trace import (
     LlmWait,
     Step,
     Task,

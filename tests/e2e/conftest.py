@@ -4,7 +4,6 @@ or natively on a Docker host with cgroup v2 and execgate installed)."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import pty
@@ -15,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,20 +27,13 @@ STATE_DIR = "/run/execgate"
 JOURNAL = "/var/lib/execgate/calls.jsonl"
 CGROOT = "/sys/fs/cgroup"
 SRC = Path(os.environ.get("EXECGATE_SRC") or Path(__file__).resolve().parents[2])
-GATE_PY = SRC / "bpf" / "gate.py"
+# The suite runs on the host's python3 with the checkout on its path (guest-run.sh sets
+# PYTHONPATH too): the installed execgate lives in its own venv.
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+if str(SRC) not in os.environ.get("PYTHONPATH", "").split(":"):  # and for the commands it runs
+    os.environ["PYTHONPATH"] = ":".join(filter(None, (str(SRC), os.environ.get("PYTHONPATH"))))
 
-
-def _load_gate() -> ModuleType:
-    """bpf/gate.py from the checkout, by path: the suite runs without the package on its path."""
-    spec = importlib.util.spec_from_file_location("execgate_bpf_gate_e2e", GATE_PY)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gate = _load_gate()
 
 
 def docker(*args: str, check: bool = True, timeout: float = 120, input: bytes | None = None,

@@ -69,7 +69,7 @@ def replay(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config_before = Path(CONFIG).read_bytes()
     daemon_before = _daemon_active()
     proc = subprocess.run(
-        [sys.executable, str(SRC / "bench" / "replay.py"), "run", "--trace", str(trace),
+        [sys.executable, "-m", "bench.replay", "run", "--trace", str(trace),
          "--tasks", str(N_TASKS), "--schemes", "eager,execgate", "--speed", "1",
          "--mem-scale", "1", "--cpu-scale", "0", "--arrival", "burst", "--budget", BUDGET,
          "--admission-wait", "120", "--out", str(out)],
@@ -82,7 +82,7 @@ def test_replay_completes_and_restores_the_host(replay: dict[str, Any]) -> None:
     assert replay["proc"].returncode == 0
     assert Path(CONFIG).read_bytes() == replay["config_before"]
     assert _daemon_active() == replay["daemon_before"]
-    left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=execgate.bench"],
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=bench"],
                           capture_output=True, text=True).stdout.split()
     assert left == [], "benchmark containers left behind"
 

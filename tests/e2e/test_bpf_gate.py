@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import GATE_PY, SRC, gate
+from conftest import SRC, gate
 
 CGROOT = "/sys/fs/cgroup"
 TEST_CG = os.path.join(CGROOT, "execgate-bpftest")
@@ -243,8 +243,8 @@ def test_build_and_load(obj: Path, loaded) -> None:
         assert os.path.exists(os.path.join(TEST_PIN, short))
     assert not os.path.exists(os.path.join(TEST_PIN, gate.LINK_PIN)), "owned mode: no link pin"
     # build.sh: same build dir -> cached, prints the object
-    out = subprocess.run([str(SRC / "bpf" / "build.sh"), BUILD_DIR], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run([str(SRC / "execgate" / "bpf" / "build.sh"), BUILD_DIR],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(obj)
     # the system keeps working under the scheduler
@@ -280,8 +280,8 @@ def test_deny_holds_and_allow_resumes(loaded, cgroups, busy) -> None:
     assert held[p] <= 0.05 and held[p2] <= 0.05, f"denied tasks still ran: {held}"
     assert held[q] >= 0.5, f"the task outside the map was starved: {held}"
     status = json.loads(subprocess.run(
-        [sys.executable, str(GATE_PY), "--pin-dir", TEST_PIN, "status"], capture_output=True,
-        text=True, timeout=60, check=True).stdout)
+        [sys.executable, "-m", "execgate.bpf.gate", "--pin-dir", TEST_PIN, "status"],
+        capture_output=True, text=True, timeout=60, check=True).stdout)
     assert status["denied"] == [os.stat(tool).st_ino] and status["attached"], status
     assert status["stats"]["held"] == 2, status
 
@@ -406,8 +406,8 @@ def test_kernel_ejection_is_noticed(obj: Path, cgroups, busy) -> None:
 
 
 def _loader(obj: Path, cg: str, *persist: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, str(GATE_PY), "--pin-dir", TEST_PIN, "hold",
-                             str(obj), "--deny", cg, *persist], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "execgate.bpf.gate", "--pin-dir", TEST_PIN,
+                             "hold", str(obj), "--deny", cg, *persist], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if line.strip() != "ready":

@@ -23,7 +23,7 @@ def test_oom_feedback_on_stderr_keeps_stdout_and_exit_code(containers: Container
 
 def test_oom_feedback_on_a_terminal(containers: Containers) -> None:
     """With a TTY the engine tears the terminal down as soon as it reaps the call: the note
-    gets there only because the watcher holds the exit until it is written (shim/exithold.py).
+    gets there only because the watcher holds the exit until it is written (runtime/exithold.py).
     Repeated, since a race would pass now and then."""
     cid = containers.run("--memory", "64m", "--memory-swap", "64m")
     for flags in (["-t"], ["-it"]) * 3:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from execgate.bench import control_loop as cl
+from bench import control_loop as cl
 from execgate.common import config
 from execgate.daemon import settings
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from execgate.bench.generate import GenConfig, calibration_stats, generate, main
-from execgate.bench.trace import (
+
+from bench.generate import GenConfig, calibration_stats, generate, main
+from bench.trace import (
     classify_command,
     iter_tasks,
     load_tasks,

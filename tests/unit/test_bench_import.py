@@ -9,7 +9,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from execgate.bench.agentcgroup_import import (
+
+from bench.agentcgroup_import import (
     Sample,
     _Call,
     build_task,
@@ -19,7 +20,7 @@ from execgate.bench.agentcgroup_import import (
     parse_size,
     parse_utc,
 )
-from execgate.bench.trace import LlmWait, ToolCall, load_tasks, profiled_peak
+from bench.trace import LlmWait, ToolCall, load_tasks, profiled_peak
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agentcgroup" / "attempt1"
 MB = 1_000_000

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from execgate.bench.metrics import (
+
+from bench.metrics import (
     RETRY_LIMIT,
     AttemptRecord,
     concurrency_timeline,
@@ -13,7 +14,7 @@ from execgate.bench.metrics import (
     should_retry,
     summarize,
 )
-from execgate.bench.trace import LlmWait, MemoryProfile, Task, ToolCall
+from bench.trace import LlmWait, MemoryProfile, Task, ToolCall
 
 
 def _task(tid: str, baseline: int, peak: int) -> Task:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from execgate.bench import report
-from execgate.bench.metrics import AttemptRecord, summarize
+
+from bench import report
+from bench.metrics import AttemptRecord, summarize
 
 MiB = 1 << 20
 

@@ -13,9 +13,10 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from execgate.bench import schemes as S
-from execgate.bench.generate import generate
-from execgate.bench.trace import LlmWait, MemoryProfile, Task, ToolCall, profiled_peak
+
+from bench import schemes as S
+from bench.generate import generate
+from bench.trace import LlmWait, MemoryProfile, Task, ToolCall, profiled_peak
 from execgate.common.hints import parse
 
 MiB = 1 << 20
@@ -344,7 +345,7 @@ class FakeHost:
 
 
 def _replay(scheme: S.Scheme, tasks: list[Task], budget: int) -> dict[str, Any]:
-    from execgate.bench.replay import Log, Replayer, RunSettings
+    from bench.replay import Log, Replayer, RunSettings
 
     host = FakeHost(budget)
     rep = Replayer(host, scheme, tasks, [0.0] * len(tasks), budget,  # type: ignore[arg-type]

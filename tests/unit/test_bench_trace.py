@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from execgate.bench.trace import (
+
+from bench.trace import (
     FORMAT,
     LlmWait,
     MemoryProfile,

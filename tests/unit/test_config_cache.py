@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from execgate.common import config
 
 

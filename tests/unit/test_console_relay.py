@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from execgate.oci import cli
-from execgate.shim import console
+from execgate.runtime import console
 
 
 def test_relay_forwards_master_and_keeps_the_slave(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from execgate.ctl import daemon_json
 
 

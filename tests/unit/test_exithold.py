@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from execgate.shim import exithold
+from execgate.runtime import exithold
 
 # A parent (bash) that waits for its child and reports what it saw: the real parent's view.
 _CHILD = ("import os, signal, sys, time\n"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from execgate.common import hints
-from execgate.shim import feedback as fb
+from execgate.runtime import feedback as fb
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from execgate.common import hints
 from execgate.common.hints import GiB, Hint, HintSizes, MiB, ParsedHint
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from execgate.common.config import Config
 from execgate.daemon import settings
-from execgate.shim import watcher
+from execgate.runtime import watcher
 
 
 def test_inside_defaults() -> None:

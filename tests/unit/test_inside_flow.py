@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+
 from execgate.bpf import inside as probe_mod
 from execgate.common import records
 from execgate.common.config import Config

@@ -1,4 +1,4 @@
-"""The runtime's lean entry point (shim/launcher.py) and what a passthrough imports."""
+"""The runtime's lean entry point (runtime/launcher.py) and what a passthrough imports."""
 
 import os
 import subprocess
@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from execgate.common import config
-from execgate.oci import runtime
-from execgate.shim import launcher
+from execgate.oci import runc
+from execgate.runtime import launcher
 
 SRC = Path(__file__).resolve().parents[2]
 # What the runtime must not import before it execs the real runtime (a passthrough).
@@ -17,15 +18,11 @@ HEAVY = ("typing", "dataclasses", "re", "json", "tomllib", "shutil", "socket", "
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> list[str]:
-    """sys.path entries laid out as installed (site-packages/execgate/<pkg>), and msgpack's."""
-    pkgs = tmp_path / "site" / "execgate"
-    pkgs.mkdir(parents=True)
-    for name in ("shim", "oci", "common", "cgroups", "daemon"):
-        (pkgs / name).symlink_to(SRC / name)
+def site() -> list[str]:
+    """sys.path entries as installed: the checkout holds the execgate package; and msgpack's."""
     import msgpack
 
-    return [str(tmp_path / "site"), str(Path(msgpack.__file__).parent.parent)]
+    return [str(SRC), str(Path(msgpack.__file__).parent.parent)]
 
 
 def _runtime(tmp_path: Path) -> tuple[str, dict[str, str]]:
@@ -35,19 +32,19 @@ def _runtime(tmp_path: Path) -> tuple[str, dict[str, str]]:
     rt.chmod(0o755)
     conf = tmp_path / "config.toml"
     conf.write_text(f'runtime = "{rt}"\n')
-    env = {k: v for k, v in os.environ.items() if k != runtime.LOOP_MARKER}
+    env = {k: v for k, v in os.environ.items() if k != runc.LOOP_MARKER}
     return str(conf), {**env, "EXECGATE_CONFIG": str(conf)}
 
 
 def test_script_is_recognised_as_execgate(tmp_path: Path) -> None:
     text = launcher.render("/opt/execgate/bin/python", ["/opt/execgate/lib/site-packages"])
     assert text.startswith("#!/opt/execgate/bin/python -IS\n")
-    assert "execgate.shim" in text[:512]
+    assert "execgate.runtime" in text[:512]
     script = tmp_path / "execgate"
     script.write_text(text)
     script.chmod(0o755)
-    with pytest.raises(runtime.RuntimeNotFound, match="is execgate itself"):
-        runtime.find((str(script),))
+    with pytest.raises(runc.RuntimeNotFound, match="is execgate itself"):
+        runc.find((str(script),))
 
 
 def test_script_runs_the_runtime(tmp_path: Path, site: list[str]) -> None:
@@ -102,7 +99,7 @@ def execve(path, argv, env):
     sys.exit(0)
 os.execve = execve
 sys.argv = ["execgate", "--version"]
-from execgate.shim.main import main
+from execgate.runtime.main import main
 main()
 """
     out = subprocess.run([sys.executable, "-IS", "-c", code], env=env, capture_output=True,

@@ -59,6 +59,6 @@ def test_splicing_keeps_everything_else() -> None:
 
 
 def test_every_intercepted_subcommand_has_a_handler() -> None:
-    from execgate.shim import main
+    from execgate.runtime import main
 
     assert sorted(main._handlers()) == sorted(main.INTERCEPTED)

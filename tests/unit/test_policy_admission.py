@@ -4,6 +4,7 @@ queues, heavy credit, bounded wait, fairness, release and cancel."""
 from __future__ import annotations
 
 import pytest
+
 from execgate.policy.admission import Admission, AdmissionConfig, Decision, logical_charge
 from execgate.policy.estimate import CallInfo, Demand, Outcome
 from execgate.policy.pressure import PressureReading

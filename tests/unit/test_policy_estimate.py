@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from execgate.policy.estimate import (
     CallInfo,
     Demand,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
+
 from execgate.policy.growth import (
     CallState,
     GateDecision,

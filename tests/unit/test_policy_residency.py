@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, plan
 

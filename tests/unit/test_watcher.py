@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from execgate.oci.runclog import RuncLog
-from execgate.shim import watcher
+from execgate.runtime import watcher
 
 
 def test_a_call_whose_cgroup_went_before_the_watcher_ran_is_still_journaled(

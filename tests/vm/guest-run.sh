@@ -47,6 +47,8 @@ grep -q '^probes = false' /etc/execgate/config.toml || { echo "test-bed config e
 systemctl restart execgated
 
 export EXECGATE_SRC=$PWD/src EXECGATE_WHEELS=$PWD/wheels EXECGATE_RESULTS=$res
+# The checkout on the path of the guest's python3: the e2e suite and bench/ import execgate from it.
+export PYTHONPATH=$PWD/src
 case $mode in
     test)
         step "end-to-end tests"
@@ -59,7 +61,7 @@ case $mode in
         ;;
     bench)
         step "benchmarks"
-        python3 src/bench/exec_latency.py --out "$res/bench-exec.json"
+        python3 -m bench.exec_latency --out "$res/bench-exec.json"
         rc=$?
         ;;
     cmd)

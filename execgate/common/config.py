@@ -47,7 +47,7 @@ class Config:
     memory_high_from_hint: bool = False
     # Per-exec cgroups; false makes execgate a pure passthrough.
     per_exec_cgroups: bool = True
-    # A TTY call's exit is held (ptrace, shim/exithold.py) until its note is on the terminal;
+    # A TTY call's exit is held (ptrace, runtime/exithold.py) until its note is on the terminal;
     # false frees the call's main process for a debugger inside the container (notes may race).
     tty_exit_hold: bool = True
     # Problems met while loading, for the caller to report.

@@ -49,7 +49,7 @@ def _is_execgate(path: str, own: set[str]) -> bool:
             head = f.read(512)
     except OSError:
         return False
-    return head.startswith(b"#!") and b"execgate.shim" in head
+    return head.startswith(b"#!") and b"execgate.runtime" in head
 
 
 def find(candidates: tuple[str, ...]) -> str:

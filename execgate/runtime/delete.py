@@ -7,7 +7,7 @@ from typing import Any
 
 from execgate.cgroups import container, v2
 from execgate.common import hints, records
-from execgate.oci import runtime
+from execgate.oci import runc
 
 from .context import Context
 
@@ -16,7 +16,7 @@ def handle(ctx: Context) -> int:
     flags = ctx.inv.command_flags()
     cid = flags.positionals[0] if flags.positionals else None
     rec = records.load_container(ctx.config.state_dir, cid) if cid else None
-    rc = runtime.run(ctx.runtime, ctx.inv.argv)
+    rc = runc.run(ctx.runc, ctx.inv.argv)
     if rc != 0 or not rec:
         return rc
     try:  # runc has run: from here on nothing may make main() run it again

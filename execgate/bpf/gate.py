@@ -11,7 +11,7 @@ Two implementations with one interface (``set(cgroup, allow)``, ``clear()``, ``d
 
 :func:`select_gate` picks one (with a reason string); :func:`recover` undoes what a dead
 daemon left behind. Stdlib + ctypes only; ``bpftool`` and ``clang`` are needed to build and load.
-Runs as a script too: ``python3 gate.py --help``.
+Runs as a command too: ``python3 -m execgate.bpf.gate --help``.
 
 Lifetime of the scheduler (``load(persist=...)``):
 
@@ -47,17 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Union
 
-try:
-    from execgate.bpf import syscall as _sys
-except ModuleNotFoundError:  # run by path from a checkout (python3 bpf/gate.py, the e2e suite)
-    import importlib.util
-
-    _spec = importlib.util.spec_from_file_location(
-        "execgate_bpf_syscall", Path(__file__).resolve().with_name("syscall.py"))
-    assert _spec is not None and _spec.loader is not None
-    _sys = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = _sys
-    _spec.loader.exec_module(_sys)
+from execgate.bpf import syscall as _sys
 
 # The gate's map client (re-exported: tests and tools use them from here).
 BPF_ANY, BpfMap, MapInfo = _sys.BPF_ANY, _sys.BpfMap, _sys.MapInfo

@@ -42,7 +42,7 @@ def spawn(call: dict[str, Any], pid_file: str | None, journal: str, log: RuncLog
 
     For a non-TTY call the watcher keeps a duplicate of the call's stderr (our fd 2), so it
     can tell the agent what happened after the call ends; it closes it as soon as it has. For a
-    TTY call it relays the console socket (shim/console.py) and keeps the terminal instead.
+    TTY call it relays the console socket (runtime/console.py) and keeps the terminal instead.
     """
     try:
         runtime_pidfd = os.pidfd_open(os.getpid())  # this process, soon to be runc
@@ -164,7 +164,7 @@ def _wait_runtime(runtime_pidfd: int, cg: str, oom_score_adj: int = 0, trace: bo
     oomScoreAdj, so the call's oom_score_adj is raised here too, before the command runs.)
 
     With trace, the first task seen (runc places only the exec's own process; what it forks
-    comes later) is traced at once (shim/exithold.py), not once runc has gone: runc can take
+    comes later) is traced at once (runtime/exithold.py), not once runc has gone: runc can take
     longer to exit than a call takes to be OOM-killed. Returns (pidfds, traced pid or None);
     if the traced process dies first it returns at once, as runc may be waiting for it.
     """
@@ -407,7 +407,7 @@ def watch(call: dict[str, Any], runtime_pidfd: int, pid_file: str | None, journa
 
 def _watch_held(call: dict[str, Any], pid: int, pidfd: int | None, is_main: bool,
                 journal: str, log: RuncLog, terminal: int) -> None:
-    """A TTY call whose exit we hold (shim/exithold.py): the note goes out before the engine
+    """A TTY call whose exit we hold (runtime/exithold.py): the note goes out before the engine
     learns of the exit and tears the terminal down; the record waits for the cgroup to empty.
     The exit status is the held one's, unless runc named another process (is_main false)."""
     from . import exithold

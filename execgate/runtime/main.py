@@ -12,7 +12,7 @@ import os
 import sys
 
 from execgate.common import config as config_mod
-from execgate.oci import cli, runtime
+from execgate.oci import cli, runc
 from execgate.oci.runclog import RuncLog
 
 from .context import Context
@@ -47,14 +47,14 @@ def main() -> None:
                   debug=inv.globals.is_set("debug"))
     for err in cfg.errors:
         log.warning(err)
-    if runtime.in_loop():
+    if runc.in_loop():
         msg = "execgate was called by itself: the configured runtime resolves to execgate"
         log.error(msg)
         print(f"execgate: {msg}", file=sys.stderr)
         sys.exit(1)
     try:
-        real = runtime.find(cfg.runtime)
-    except runtime.RuntimeNotFound as e:
+        real = runc.find(cfg.runtime)
+    except runc.RuntimeNotFound as e:
         log.error(str(e))
         print(f"execgate: {e}", file=sys.stderr)
         sys.exit(1)
@@ -62,7 +62,7 @@ def main() -> None:
     result: list[str] | int = argv
     handlers = _handlers() if cfg.per_exec_cgroups and inv.command in INTERCEPTED else {}
     if inv.command in handlers:
-        ctx = Context(inv=inv, config=cfg, log=log, runtime=real)
+        ctx = Context(inv=inv, config=cfg, log=log, runc=real)
         try:
             result = handlers[inv.command](ctx)
         except Exception as e:  # noqa: BLE001 - never break a container over our own bug
@@ -72,7 +72,7 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(result)
     log.debug(f"execve {real} {' '.join(result)}")
-    runtime.execve(real, result)
+    runc.execve(real, result)
 
 
 if __name__ == "__main__":

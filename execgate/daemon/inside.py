@@ -54,7 +54,7 @@ from execgate.bpf import inside as probe_mod
 from execgate.cgroups import container, v2
 from execgate.common import hints, records
 from execgate.common.config import Config
-from execgate.shim import console, feedback, watcher
+from execgate.runtime import console, feedback, watcher
 
 from . import proc_events
 from .engine import Engine, call_info
@@ -405,7 +405,7 @@ class Box:
 
 @dataclass
 class Call:
-    call: dict[str, Any]  # as shim/exec.py builds it, so the journal line reads the same
+    call: dict[str, Any]  # as runtime/exec.py builds it, so the journal line reads the same
     pid: int
     box: Box
     stderr: int | None
@@ -632,7 +632,7 @@ class InsideAgents:
             seen: set[str] = set()
             for rec in self._index.records():
                 cg = rec.get("cgroup")
-                # The init/ + tool-*/ layout is made at `start` (shim/start.py): until then
+                # The init/ + tool-*/ layout is made at `start` (runtime/start.py): until then
                 # a tool cgroup would lack its controllers.
                 if not (rec.get("managed") and cg and rec.get("init_pid")
                         and rec.get("prepared", True)

@@ -10,8 +10,8 @@ if TYPE_CHECKING:
 
 
 class Context:
-    def __init__(self, inv: Invocation, config: Config, log: RuncLog, runtime: str) -> None:
+    def __init__(self, inv: Invocation, config: Config, log: RuncLog, runc: str) -> None:
         self.inv = inv
         self.config = config
         self.log = log
-        self.runtime = runtime  # the real runtime's path
+        self.runc = runc  # the real runtime's path (runc, crun)

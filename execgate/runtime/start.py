@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from execgate.cgroups import container
 from execgate.common import records
-from execgate.oci import runtime
+from execgate.oci import runc
 
 from .context import Context
 
 
 def handle(ctx: Context) -> int:
     flags = ctx.inv.command_flags()
-    rc = runtime.run(ctx.runtime, ctx.inv.argv)
+    rc = runc.run(ctx.runc, ctx.inv.argv)
     if rc != 0 or not flags.positionals:
         return rc
     try:  # runc has run: from here on nothing may make main() run it again

@@ -1,4 +1,4 @@
-"""Write the runtime's lean entry point: `python -m execgate.shim.launcher PATH` (install.sh).
+"""Write the runtime's lean entry point: `python -m execgate.runtime.launcher PATH` (install.sh).
 
 The runtime starts on every runtime call Docker makes, most of them passthroughs that last a
 few milliseconds once Python is up, so Python's own start-up is most of their cost. pip's
@@ -16,32 +16,33 @@ import os
 import subprocess
 import sys
 
-# Kept within the first 512 bytes: oci/runtime.py recognises any copy of execgate by its
+# Kept within the first 512 bytes: oci/runc.py recognises any copy of execgate by its
 # shebang and the name of the entry point (a runtime configured as execgate would loop).
 TEMPLATE = """\
 #!{python} -IS
-# execgate's runtime (execgate.shim.main:main), written by `python -m execgate.shim.launcher`:
+# execgate's runtime (execgate.runtime.main:main), written by `python -m execgate.runtime.launcher`:
 # Python starts isolated, without site; sys.path gets only what the runtime imports.
 import sys
 
 sys.path.extend({paths!r})
 try:
-    from execgate.shim.main import main
+    from execgate.runtime.main import main
 except ImportError:  # the paths moved: start site as usual, then retry
     import site
 
     site.main()
-    from execgate.shim.main import main
+    from execgate.runtime.main import main
 sys.exit(main())
 """
 
 
 def runtime_paths() -> list[str]:
     """The sys.path entries holding what the runtime imports: execgate and msgpack."""
-    import execgate.shim
     import msgpack
 
-    pkgs = [os.path.dirname(next(iter(execgate.shim.__path__))),
+    import execgate.runtime
+
+    pkgs = [os.path.dirname(next(iter(execgate.runtime.__path__))),
             os.path.dirname(os.path.abspath(msgpack.__file__ or ""))]
     return list(dict.fromkeys(os.path.dirname(p) for p in pkgs))
 
@@ -52,7 +53,7 @@ def render(python: str, paths: list[str]) -> str:
 
 def check(python: str, paths: list[str]) -> None:
     """Import the runtime's modules the way the script will; CalledProcessError if it can't."""
-    modules = ", ".join(f"execgate.shim.{m}" for m in
+    modules = ", ".join(f"execgate.runtime.{m}" for m in
                         ("main", "create", "start", "exec", "kill", "delete", "watcher"))
     code = f"import sys; sys.path.extend({paths!r}); import {modules}, msgpack"
     subprocess.run([python, "-IS", "-c", code], check=True)
@@ -75,12 +76,12 @@ def write(path: str, python: str | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m execgate.shim.launcher PATH", file=sys.stderr)
+        print("usage: python -m execgate.runtime.launcher PATH", file=sys.stderr)
         return 2
     try:
         write(args[0])
     except (OSError, ImportError, ValueError, subprocess.CalledProcessError) as e:
-        print(f"execgate.shim.launcher: {e}", file=sys.stderr)
+        print(f"execgate.runtime.launcher: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -13,7 +13,7 @@ import time
 from execgate.cgroups import v2
 from execgate.common import records
 from execgate.oci import bundle as bundle_mod
-from execgate.oci import runtime
+from execgate.oci import runc
 
 from .context import Context
 
@@ -27,7 +27,7 @@ def _init_pid(pid_file: str | None) -> int:
 
 def handle(ctx: Context) -> int:
     flags = ctx.inv.command_flags()
-    rc = runtime.run(ctx.runtime, ctx.inv.argv)
+    rc = runc.run(ctx.runc, ctx.inv.argv)
     if rc != 0 or not flags.positionals:
         return rc
     cid = flags.positionals[0]
