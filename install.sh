@@ -138,7 +138,7 @@ fi
 # The inside-agent probe (bpf/inside.bpf.c: an inside agent's commands followed in the kernel)
 # needs BTF, clang and bpftool but not sched_ext; without it the daemon reads the proc connector.
 if [[ -f /sys/kernel/btf/vmlinux ]] && command -v clang >/dev/null && command -v bpftool >/dev/null; then
-    if obj=$("$prefix/bin/python" -m execgate.bpf.inside build 2>>"$prefix/bpf-build.log"); then
+    if obj=$("$prefix/bin/python" -m execgate.bpf.inside_probe build 2>>"$prefix/bpf-build.log"); then
         say "built the inside-agent probe: $obj"
     else
         say "warning: inside-agent probe build failed (see $prefix/bpf-build.log); the proc connector will be used"

@@ -27,7 +27,7 @@
  *   exec / exit of an agent     EV_AGENT_EXEC / EV_AGENT_EXIT (agent deleted)
  *
  * `agents` (tgid -> box number, kind) is written by the daemon (daemon/inside.py,
- * through bpf/inside.py) as it finds the agents of opted-in containers. Every
+ * through bpf/inside_probe.py) as it finds the agents of opted-in containers. Every
  * other process costs one hash lookup per exec and exit; with no container
  * opted in the daemon does not load this at all. `calls` is bounded: when it is
  * full a command is reported at once (EV_CALL without a slice), never lost; when
@@ -66,7 +66,7 @@ struct call {
 	char comm[16];		/* the program it exec'd, for a call gone before it is read */
 };
 
-struct event {			/* bpf/inside.py: EVENT = struct.Struct("=IIIIQi4x16s") */
+struct event {			/* bpf/inside_probe.py: EVENT = struct.Struct("=IIIIQi4x16s") */
 	u32 kind;
 	u32 tgid;
 	u32 parent;

@@ -30,9 +30,9 @@ from execgate.policy.pressure import PressureReading, assess_pressure
 from .cgfiles import KeptFiles
 from .domain import Domain, DomainSample
 from .events import EventBus
-from .growth import GrowthGate
-from .probes import ProbeMonitor
-from .residency import Residency
+from .growth_gate import GrowthGate
+from .idle_sandboxes import Residency
+from .probe_monitor import ProbeMonitor
 from .settings import Settings
 from .store import JournalFollower, Store
 

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from execgate.bpf import inside as probe_mod
+from execgate.bpf import inside_probe as probe_mod
 from execgate.cgroups import container, v2
 from execgate.common import hints, records
 from execgate.common.config import Config

@@ -14,7 +14,7 @@ that have been idle for a while, the longest idle first:
   which needs no daemon for it), and a domain that has been green for a while thaws them all:
   freezing answers pressure, it is not a state to leave a sandbox in.
 
-Pure and I/O-free: the daemon (daemon/residency.py) gathers the facts and applies the actions.
+Pure and I/O-free: the daemon (daemon/idle_sandboxes.py) gathers the facts and applies the actions.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from execgate.bpf import probes
 from execgate.common import config
 from execgate.daemon import settings as settings_mod
 from execgate.daemon.events import EventBus
-from execgate.daemon.probes import Owner, ProbeMonitor, attribute, fault_view
+from execgate.daemon.probe_monitor import Owner, ProbeMonitor, attribute, fault_view
 
 # oom:mark_victim as the VM's 7.3.4 kernel has it (6.8+).
 MARK_VICTIM = """name: mark_victim

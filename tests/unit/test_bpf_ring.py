@@ -1,5 +1,5 @@
 """The BPF ring buffer's consumer walk (bpf/syscall.py), on a synthetic data area, and the
-inside probe's event records (bpf/inside.py)."""
+inside probe's event records (bpf/inside_probe.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_nothing_new_reads_nothing() -> None:
 
 
 def test_an_inside_event_parses_with_its_program_name() -> None:
-    from execgate.bpf import inside
+    from execgate.bpf import inside_probe as inside
 
     raw = inside.EVENT.pack(inside.EV_CALL, 42, 7, 3, 123, 0, b"pytest\0\0junk")
     assert inside.parse(raw) == inside.Event(inside.EV_CALL, 42, 7, 3, 123, 0, "pytest")

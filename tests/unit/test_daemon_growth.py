@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from execgate.bpf.gate import FreezeGate
-from execgate.daemon.growth import HPAGE_SIZE, PAGE_SIZE, GrowthGate
+from execgate.daemon.growth_gate import HPAGE_SIZE, PAGE_SIZE, GrowthGate
 from execgate.policy.estimate import CallInfo
 from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure_state import Pressure

@@ -12,7 +12,7 @@ from execgate.common.config import Config
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine
 from execgate.daemon.events import EventBus
-from execgate.daemon.residency import Residency
+from execgate.daemon.idle_sandboxes import Residency
 from execgate.policy.pressure import PressureConfig, assess_pressure
 from execgate.policy.residency import ResidencyConfig
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from execgate.bpf import inside as probe_mod
+from execgate.bpf import inside_probe as probe_mod
 from execgate.common import records
 from execgate.common.config import Config
 from execgate.daemon import inside, proc_events, settings
@@ -54,7 +54,7 @@ class FakeConnector:
 
 
 class FakeProbe:
-    """bpf/inside.py's InsideProbe as the daemon sees it: agents in, events out."""
+    """bpf/inside_probe.py's InsideProbe as the daemon sees it: agents in, events out."""
 
     instances: ClassVar[list[FakeProbe]] = []
 

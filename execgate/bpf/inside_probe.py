@@ -164,7 +164,7 @@ def load(obj: str | os.PathLike[str], *, slice_ns: int, bpftool: str = "bpftool"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m execgate.bpf.inside",
+    ap = argparse.ArgumentParser(prog="python3 -m execgate.bpf.inside_probe",
                                  description="build or try the inside-agent probe")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build inside.bpf.o for this kernel; prints its path")
