@@ -18,7 +18,9 @@ smp=${EXECGATE_VM_SMP:-2}
 tcg_threads=${EXECGATE_VM_TCG:-single}
 tries=${EXECGATE_VM_TRIES:-3}
 
-image=$("$here/build-image.sh")
+image=$("$here/build-image.sh") || { echo "boot.sh: building the VM image failed" >&2; exit 125; }
+[[ -f $image/rootfs.img && -f $image/vmlinuz ]] \
+    || { echo "boot.sh: build-image.sh gave no image directory: '$image'" >&2; exit 125; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/execgate-boot.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 

@@ -3,6 +3,9 @@
 # runc, python3 and the BPF toolchain, as a raw ext4 image plus the kernel and initramfs to boot it.
 # Cached under $EXECGATE_VM_CACHE/<key>, where the key hashes this script: a changed recipe rebuilds.
 set -euo pipefail
+# Standard output carries the image directory and nothing else (boot.sh reads it): every tool's
+# output goes to stderr (mkfs.ext4 prints "Creating regular file ..." on stdout, -q or not).
+exec 3>&1 1>&2
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${EXECGATE_VM_CACHE:-/var/cache/execgate-vm}
@@ -12,7 +15,7 @@ key=$(cat "$here/build-image.sh" "$here/guest-entry.sh" | sha256sum | cut -c1-16
 out=$cache/$key
 
 if [[ -f $out/done ]]; then
-    echo "$out"
+    echo "$out" >&3
     exit 0
 fi
 [[ $(id -u) == 0 ]] || { echo "build-image.sh: must run as root (debootstrap, chroot)" >&2; exit 1; }
@@ -115,4 +118,4 @@ rm -rf "$out"
 mv "$work/out" "$out"
 touch "$out/done"
 log "image ready: $out"
-echo "$out"
+echo "$out" >&3
