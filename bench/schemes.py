@@ -1,7 +1,7 @@
 """The schemes the replay benchmark compares, and the pure pieces of the replay around them.
 
 Everything here is deterministic and free of I/O so it can be unit-tested on any host; the
-runner (bench/replay.py) adds Docker, cgroups and threads. Stdlib only: it runs in the test VM.
+runner (bench/runner.py) adds Docker, cgroups and threads. Stdlib only: it runs in the test VM.
 
 * `Scheme`: how one scheme sets up the host (runtime, daemon, AgentCgroup mode, hints) and
   which runner-side admission gate it uses. An ablation is a `replace()` of a base scheme plus a

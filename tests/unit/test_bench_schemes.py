@@ -345,7 +345,8 @@ class FakeHost:
 
 
 def _replay(scheme: S.Scheme, tasks: list[Task], budget: int) -> dict[str, Any]:
-    from bench.replay import Log, Replayer, RunSettings
+    from bench.host import Log
+    from bench.runner import Replayer, RunSettings
 
     host = FakeHost(budget)
     rep = Replayer(host, scheme, tasks, [0.0] * len(tasks), budget,  # type: ignore[arg-type]

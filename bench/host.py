@@ -1,0 +1,248 @@
+"""The replay benchmark's host: Docker, the slice, execgate's config and daemon, and put it back.
+
+Everything the benchmark changes on the host goes through `Host`, so that `restore()` can undo it
+(containers removed, the config restored byte for byte, execgated left running or stopped as it
+was found), and so that tests can replace the host with a fake. `Log` is the run's progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.schemes import Scheme, slice_path, toml_dumps
+
+LABEL = "bench"
+CONFIG = "/etc/execgate/config.toml"
+
+
+class BenchError(RuntimeError):
+    """The host is not in a state the benchmark can run on (message says what to fix)."""
+
+
+class Log:
+    """Progress on stdout (one line per task event / scheme), mirrored to DIR/progress.log."""
+
+    def __init__(self, path: Path | None, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.lock = threading.Lock()
+        self.file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
+
+    def __call__(self, line: str, *, event: bool = False) -> None:
+        with self.lock:
+            if self.file:
+                self.file.write(line + "\n")
+                self.file.flush()
+            if not (event and self.quiet):
+                print(line, flush=True)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def _run(argv: Sequence[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return subprocess.CompletedProcess(list(argv), 124, out, f"timed out after {timeout}s")
+    except FileNotFoundError as e:
+        return subprocess.CompletedProcess(list(argv), 127, "", str(e))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _write(path: str, value: str) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+        return True
+    except OSError:
+        return False
+
+
+def oom_kill_count(cgroup: str) -> int:
+    """memory.events' oom_kill (hierarchical: every OOM kill inside the slice)."""
+    for line in (_read(os.path.join(cgroup, "memory.events")) or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
+
+
+class Host:
+    """Owns everything the benchmark changes on the host, and puts it back in `restore()`."""
+
+    def __init__(self, slice_name: str, image: str, config_path: str, log: Log) -> None:
+        self.slice = slice_name
+        self.cgroup = slice_path(slice_name)
+        self.image = image
+        self.config_path = config_path
+        self.log = log
+        self.original_config: bytes | None = None
+        self.daemon_was_active: bool | None = None
+        self.anchor: str | None = None
+        self.restored = False
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def check(self, schemes: Sequence[Scheme]) -> None:
+        if os.geteuid() != 0:
+            raise BenchError("must run as root (it writes the slice's memory.max and the config)")
+        if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            raise BenchError("needs cgroup v2 at /sys/fs/cgroup")
+        p = _run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout=60)
+        if p.returncode:
+            raise BenchError(f"docker is not usable: {p.stderr.strip()}")
+        runtimes = set(json.loads(p.stdout or "{}"))
+        missing = {s.runtime for s in schemes} - runtimes
+        if missing:
+            raise BenchError(f"docker runtime(s) {', '.join(sorted(missing))} not registered "
+                             "(install execgate with install.sh)")
+        if _run(["docker", "image", "inspect", self.image], timeout=60).returncode:
+            raise BenchError(f"image {self.image} not found (it needs /bin/memload)")
+        if any(s.daemon or s.runtime == "execgate" for s in schemes):
+            if not os.path.exists(self.config_path):
+                raise BenchError(f"{self.config_path} not found")
+            if _run(["systemctl", "cat", "execgated"], timeout=30).returncode:
+                raise BenchError("execgated is not a systemd unit on this host")
+
+    # -- config and daemon ---------------------------------------------------------------------
+
+    def save_state(self) -> None:
+        try:
+            with open(self.config_path, "rb") as f:
+                self.original_config = f.read()
+        except FileNotFoundError:
+            self.original_config = None
+        p = _run(["systemctl", "is-active", "execgated"], timeout=30)
+        self.daemon_was_active = p.stdout.strip() == "active"
+
+    @property
+    def state_dir(self) -> str:
+        """execgate's state directory (its per-container records live there)."""
+        v = self.original_toml().get("state_dir")
+        return v if isinstance(v, str) and v else "/run/execgate"
+
+    def execgate_record(self, cid: str) -> dict[str, Any] | None:
+        """execgate's record of a container: did it get per-exec cgroups, and if not, why."""
+        try:
+            with open(os.path.join(self.state_dir, "containers", cid + ".json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def original_toml(self) -> dict[str, Any]:
+        if not self.original_config:
+            return {}
+        try:
+            return tomllib.loads(self.original_config.decode())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise BenchError(f"{self.config_path} is not valid TOML ({e}); fix it first") from e
+
+    def write_config(self, data: dict[str, Any]) -> None:
+        text = toml_dumps(data)
+        tomllib.loads(text)  # never leave a config the runtime cannot read
+        tmp = self.config_path + ".bench-tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("# written by bench/replay.py for one scheme; restored when it exits\n" + text)
+        os.replace(tmp, self.config_path)
+
+    def daemon(self, run: bool, domain: str | None = None, timeout: float = 120) -> str:
+        """Stop execgated, or (re)start it and wait until it answers; returns its domain."""
+        if not run:
+            _run(["systemctl", "stop", "execgated"], timeout=120)
+            return ""
+        p = _run(["systemctl", "restart", "execgated"], timeout=180)
+        if p.returncode:
+            raise BenchError(f"systemctl restart execgated failed: {p.stderr.strip()}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = _run(["execgatectl", "status", "--json"], timeout=60)
+            if s.returncode == 0:
+                try:
+                    snap = json.loads(s.stdout)
+                except json.JSONDecodeError:
+                    snap = {}
+                if str(snap.get("source", "")).startswith("execgated pid"):
+                    got = str((snap.get("daemon") or {}).get("domain", ""))
+                    if domain and got != f"cgroup {domain}":
+                        self.log(f"warning: execgated reports domain {got!r}, not {domain}")
+                    return got
+            time.sleep(0.5)
+        raise BenchError("execgated did not answer after restart (journalctl -u execgated)")
+
+    # -- the slice -----------------------------------------------------------------------------
+
+    def docker(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return _run(["docker", *args], timeout=timeout)
+
+    def exec(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """One tool call's `docker exec` (a seam: tests replace the host)."""
+        return _run(argv, timeout=timeout)
+
+    def cleanup_containers(self) -> None:
+        p = self.docker("ps", "-aq", "--filter", f"label={LABEL}")
+        ids = p.stdout.split()
+        if ids:
+            self.docker("rm", "-f", *ids, timeout=300)
+
+    def open_slice(self, budget: int) -> None:
+        """An idle anchor container keeps the slice alive between sandboxes; then the budget."""
+        p = self.docker("run", "-d", "--runtime", "runc", "--cgroup-parent", self.slice,
+                        "--label", f"{LABEL}=anchor", self.image, "sleep", "inf")
+        if p.returncode:
+            raise BenchError(f"cannot start a container in {self.slice}: {p.stderr.strip()}")
+        self.anchor = p.stdout.strip()
+        if not os.path.isdir(self.cgroup):
+            raise BenchError(f"{self.cgroup} did not appear (is Docker's cgroup driver systemd?)")
+        self.set_budget(budget)
+
+    def set_budget(self, budget: int) -> None:
+        if not _write(os.path.join(self.cgroup, "memory.max"), str(budget)):
+            raise BenchError(f"cannot write {self.cgroup}/memory.max")
+        # No swap: pages beyond the budget are an OOM kill, as in the published measurements.
+        _write(os.path.join(self.cgroup, "memory.swap.max"), "0")
+
+    def budget_ok(self, budget: int) -> bool:
+        return _read(os.path.join(self.cgroup, "memory.max")) == str(budget)
+
+    def memory_current(self) -> int | None:
+        v = _read(os.path.join(self.cgroup, "memory.current"))
+        return int(v) if v and v.isdigit() else None
+
+    def close_slice(self) -> None:
+        self.cleanup_containers()
+        self.anchor = None
+
+    # -- restore ---------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        if self.restored:
+            return
+        self.restored = True
+        self.cleanup_containers()
+        if self.original_config is not None:
+            tmp = self.config_path + ".bench-tmp"
+            with open(tmp, "wb") as f:
+                f.write(self.original_config)
+            os.replace(tmp, self.config_path)
+        if self.daemon_was_active is True:
+            _run(["systemctl", "restart", "execgated"], timeout=180)
+        elif self.daemon_was_active is False:
+            _run(["systemctl", "stop", "execgated"], timeout=120)
+

@@ -1,0 +1,400 @@
+"""The replay benchmark's run loop: one scheme on one set of tasks, on a prepared host.
+
+`Replayer` starts each task's sandbox on its arrival (or when the scheme's gate admits it),
+sleeps its LLM waits, runs its tool calls as `docker exec … memload …` one after another, and
+restarts a task OOM-killed at the slice's boundary from scratch in a fresh sandbox (up to
+metrics.RETRY_LIMIT retries). `run_scheme` sets the host up for the scheme around it (config,
+daemon, slice) and adds what the kernel and execgate's journal saw.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.host import LABEL, Host, Log, oom_kill_count
+from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
+from bench.schemes import (
+    MiB,
+    Scheme,
+    Workload,
+    admit_fifo,
+    bench_config,
+    exec_argv,
+    hint_for,
+    make_gate,
+    sandbox_command,
+)
+from bench.trace import LlmWait, Task, ToolCall, profiled_peak
+
+OOM_EXIT = 137
+
+
+@dataclass
+class RunSettings:
+    """Knobs of the replay that are not the workload's."""
+
+    sample_s: float = 0.15  # memory sampling period
+    exec_timeout_s: float = 900.0  # a docker exec that hangs longer fails its attempt
+    admission_wait_s: float | None = None  # daemon's max_admission_wait_s (None: as configured)
+    scale_daemon: bool = True  # scale the daemon's byte tunables with --mem-scale
+    retry_limit: int = RETRY_LIMIT
+
+
+@dataclass
+class _TaskState:
+    task: Task
+    arrival: float  # wall seconds after t0
+    demand: int
+    started: float | None = None
+    finished: float | None = None
+    ok: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Replayer:
+    """Replays prepared tasks under one scheme; `run()` returns the raw record of the run."""
+
+    def __init__(self, host: Host, scheme: Scheme, tasks: Sequence[Task],
+                 arrivals_wall: Sequence[float], budget: int, settings: RunSettings,
+                 log: Log) -> None:
+        self.host = host
+        self.scheme = scheme
+        self.budget = budget
+        self.settings = settings
+        self.log = log
+        self.states = {t.id: _TaskState(t, a, profiled_peak(t))
+                       for t, a in zip(tasks, arrivals_wall, strict=True)}
+        self.gate = make_gate(scheme, budget)
+        self.cond = threading.Condition()
+        self.abort = threading.Event()
+        self.t0 = 0.0
+        self.running = 0
+        self.inflight = 0
+        self.queued = 0
+        self.calls: list[dict[str, Any]] = []
+        self.samples: list[tuple[float, int, int, int, int]] = []
+        self.notes: list[str] = []
+        self.containers: list[str] = []
+        self.unmanaged: dict[str, str] = {}  # execgate sandboxes left as plain runc, and why
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _event(self, text: str) -> None:
+        self.log(f"[{self.scheme.name:<16} {self.now():7.1f}s] {text}", event=True)
+
+    # -- sampling --------------------------------------------------------------------------------
+
+    def _sampler(self, stop: threading.Event) -> None:
+        last_check = 0.0
+        while True:
+            cur = self.host.memory_current()
+            t = self.now()
+            if cur is not None:
+                self.samples.append((round(t, 3), cur, self.running, self.inflight, self.queued))
+            if t - last_check > 1.0:  # systemd may re-apply the slice's properties
+                last_check = t
+                if not self.host.budget_ok(self.budget):
+                    self.host.set_budget(self.budget)
+                    self.notes.append(f"memory.max of the slice was reset at {t:.1f}s; rewritten")
+            if stop.wait(self.settings.sample_s):
+                return
+
+    # -- tasks -------------------------------------------------------------------------------------
+
+    def _sandbox(self, task: Task) -> tuple[str | None, str]:
+        p = self.host.docker(
+            "run", "-d", "--runtime", self.scheme.runtime, "--cgroup-parent", self.host.slice,
+            "--label", f"{LABEL}={self.scheme.name}", "--shm-size", str(max(self.budget, 64 * MiB)),
+            self.host.image, *sandbox_command(task), timeout=300)
+        cid = p.stdout.strip()
+        if cid:
+            with self.cond:
+                self.containers.append(cid)
+        if p.returncode or not cid:
+            if cid:
+                self.host.docker("rm", "-f", cid)
+            return None, (p.stderr.strip() or f"docker run exit {p.returncode}")[-300:]
+        if self.scheme.runtime == "execgate":
+            # execgate fails open: a sandbox it could not prepare runs as plain runc, which
+            # would silently turn this scheme into eager. Record it; the report says so.
+            rec = self.host.execgate_record(cid)
+            if not rec or not (rec.get("managed") and rec.get("prepared")):
+                reason = (rec or {}).get("reason") or ("no record" if not rec else "not prepared")
+                with self.cond:
+                    self.unmanaged[cid] = str(reason)
+                self._event(f"{task.id}: sandbox {cid[:12]} NOT managed by execgate ({reason})")
+        return cid, ""
+
+    def _sandbox_oom_killed(self, cid: str) -> bool:
+        """Whether the sandbox itself died of an OOM kill (its init was the victim)."""
+        p = self.host.docker("inspect", "-f", "{{.State.Running}} {{.State.OOMKilled}}", cid)
+        return p.returncode == 0 and p.stdout.split() == ["false", "true"]
+
+    def _call(self, cid: str, st: _TaskState, attempt: int, idx: int, call: ToolCall) -> int:
+        argv = exec_argv(cid, call, self.scheme.hints)
+        with self.cond:
+            self.inflight += 1
+        start = self.now()
+        p = self.host.exec(argv, timeout=self.settings.exec_timeout_s)
+        end = self.now()
+        with self.cond:
+            self.inflight -= 1
+            self.calls.append({
+                "task": st.task.id, "attempt": attempt, "call": idx, "start": round(start, 3),
+                "end": round(end, 3), "duration_s": call.duration_s, "exit": p.returncode,
+                "peak_bytes": call.memory.peak_bytes, "category": call.category,
+                "hint": hint_for(call) if self.scheme.hints else None,
+                "stderr": p.stderr.strip()[-200:] if p.returncode else "",
+            })
+        return p.returncode
+
+    def _attempt(self, st: _TaskState, n: int) -> dict[str, Any]:
+        task = st.task
+        start = self.now()
+        n_calls = len(task.tool_calls)
+        cid, err = self._sandbox(task)
+        rec: dict[str, Any] = {"task_id": task.id, "attempt": n, "start": round(start, 3),
+                               "ok": False, "oom_kills": 0, "calls_done": 0,
+                               "calls_total": n_calls, "reason": "", "exit": None}
+        if cid is None:
+            rec.update(end=round(self.now(), 3), reason="sandbox", detail=err)
+            return rec
+        if self.scheme.runtime == "execgate":
+            rec["sandbox_managed"] = cid not in self.unmanaged
+        try:
+            idx = 0
+            for step in task.steps:
+                if self.abort.is_set():
+                    rec.update(end=round(self.now(), 3), reason="aborted")
+                    return rec
+                if isinstance(step, LlmWait):
+                    self.abort.wait(step.duration_s)
+                    continue
+                idx += 1
+                rc = self._call(cid, st, n, idx, step)
+                if rc == 0:
+                    rec["calls_done"] = idx
+                    continue
+                end = round(self.now(), 3)
+                oom = rc == OOM_EXIT
+                reason = "oom" if oom else f"exit {rc}"
+                if not oom and self._sandbox_oom_killed(cid):
+                    oom, reason = True, "sandbox-oom"
+                rec.update(end=end, exit=rc, oom_kills=int(oom), reason=reason)
+                return rec
+            rec.update(end=round(self.now(), 3), ok=True)
+            return rec
+        finally:
+            self.host.docker("rm", "-f", cid, timeout=300)
+
+    def _task(self, st: _TaskState) -> None:
+        try:
+            for n in range(1, self.settings.retry_limit + 2):
+                rec = self._attempt(st, n)
+                st.attempts.append(rec)
+                record = _record(rec)
+                if rec["ok"]:
+                    st.ok = True
+                    self._event(f"{st.task.id} done in {rec['end'] - st.arrival:.1f}s "
+                                f"({n} attempt{'s' * (n > 1)})")
+                    break
+                what = (f"{st.task.id} #{n} failed at call {rec['calls_done'] + 1}/"
+                        f"{rec['calls_total']}: {rec['reason']}")
+                if self.abort.is_set() or not should_retry(record, self.settings.retry_limit):
+                    self._event(what + " -> gave up")
+                    break
+                self._event(what + " -> retry from the start")
+        except Exception as e:  # noqa: BLE001 - a broken task must not hang the whole run
+            self.notes.append(f"{st.task.id}: runner error {e!r}")
+            self._event(f"{st.task.id} runner error {e!r}")
+        finally:
+            with self.cond:
+                st.finished = self.now()
+                self.gate.release(st.task.id)
+                self.running -= 1
+                self.cond.notify_all()
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        order = sorted(self.states.values(), key=lambda s: s.arrival)
+        pending = deque(order)
+        queue: deque[tuple[str, int]] = deque()
+        threads: list[threading.Thread] = []
+        stop = threading.Event()
+        self.t0 = time.monotonic()
+        sampler = threading.Thread(target=self._sampler, args=(stop,), daemon=True)
+        sampler.start()
+        try:
+            with self.cond:
+                while pending or queue or self.running:
+                    if self.abort.is_set() and not self.running:
+                        break
+                    now = self.now()
+                    while pending and pending[0].arrival <= now and not self.abort.is_set():
+                        st = pending.popleft()
+                        queue.append((st.task.id, st.demand))
+                    for tid in admit_fifo(queue, self.gate) if not self.abort.is_set() else []:
+                        st = self.states[tid]
+                        st.started = self.now()
+                        self.running += 1
+                        wait = st.started - st.arrival
+                        self._event(f"{tid} start (peak {st.demand / MiB:.0f} MiB"
+                                    + (f", queued {wait:.1f}s" if wait > 0.5 else "")
+                                    + f"; running {self.running}, queued {len(queue)})")
+                        t = threading.Thread(target=self._task, args=(st,), daemon=True)
+                        threads.append(t)
+                        t.start()
+                    self.queued = len(queue)
+                    if self.abort.is_set():
+                        pending.clear()
+                        queue.clear()
+                    timeout = (pending[0].arrival - self.now()) if pending else 5.0
+                    self.cond.wait(max(0.01, min(timeout, 5.0)))
+            for t in threads:
+                t.join()
+        finally:
+            stop.set()
+            sampler.join()
+        return self._result()
+
+    def _result(self) -> dict[str, Any]:
+        records = [_record(a) for st in self.states.values() for a in st.attempts]
+        tasks = [st.task for st in self.states.values()]
+        speed = float(tasks[0].metadata.get("speed", 1.0)) if tasks else 1.0
+        metrics = summarize(records, [(t, float(b)) for t, b, *_ in self.samples], self.budget,
+                            tasks, speed=speed)
+        done = [st for st in self.states.values() if st.ok]
+        e2e = [max(a["end"] for a in st.attempts) - st.arrival for st in done]
+        queued = [st.started - st.arrival for st in self.states.values() if st.started is not None]
+        delays = [c["end"] - c["start"] - c["duration_s"] for c in self.calls if c["exit"] == 0]
+        metrics.update({
+            # Latency from arrival (summarize's starts at the first attempt, which hides the
+            # queueing of static-K and reserve).
+            "latency_arrival_p50_s": percentile(e2e, 50),
+            "latency_arrival_p95_s": percentile(e2e, 95),
+            "latency_arrival_p50_trace_s": percentile(e2e, 50) * speed,
+            "latency_arrival_p95_trace_s": percentile(e2e, 95) * speed,
+            "queue_wait_p50_s": percentile(queued, 50),
+            "queue_wait_max_s": max(queued, default=math.nan),
+            "tool_calls": len(self.calls),
+            "call_delay_p50_s": percentile(delays, 50),
+            "call_delay_p95_s": percentile(delays, 95),
+            "sandboxes": len(self.containers),
+            "sandboxes_unmanaged": len(self.unmanaged),
+        })
+        if self.unmanaged:
+            reasons = sorted(set(self.unmanaged.values()))
+            self.notes.append(
+                f"{len(self.unmanaged)} of {len(self.containers)} sandboxes were not managed by "
+                f"execgate (their calls ran as with plain runc): {'; '.join(reasons)[:500]}")
+        return {
+            "scheme": self.scheme.name,
+            "family": self.scheme.family,
+            "k": self.scheme.k,
+            "scheme_def": self.scheme.to_dict(),
+            "metrics": metrics,
+            "tasks": [{"id": st.task.id, "arrival_s": round(st.arrival, 3),
+                       "start_s": None if st.started is None else round(st.started, 3),
+                       "end_s": None if st.finished is None else round(st.finished, 3),
+                       "ok": st.ok, "attempts": len(st.attempts),
+                       "profiled_peak_bytes": st.demand, "tool_calls": len(st.task.tool_calls),
+                       "trace_duration_s": st.task.duration_s}
+                      for st in self.states.values()],
+            "attempts": [a for st in self.states.values() for a in st.attempts],
+            "calls": sorted(self.calls, key=lambda c: c["start"]),
+            "samples": {"columns": ["t", "memory_bytes", "running_tasks", "inflight_calls",
+                                    "queued_tasks"], "rows": self.samples},
+            "notes": self.notes,
+        }
+
+
+def _record(a: dict[str, Any]) -> AttemptRecord:
+    return AttemptRecord(a["task_id"], a["attempt"], a["start"], max(a["end"], a["start"]),
+                         a["ok"], a["oom_kills"])
+
+
+def _journal_stats(path: str, offset: int, containers: set[str]) -> dict[str, Any]:
+    """Admission waits and OOM kills of this run's calls, from execgate's journal."""
+    waits: list[float] = []
+    entries = managed = oom = 0
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("container") not in containers:
+                    continue
+                entries += 1
+                managed += bool(e.get("managed"))
+                oom += bool(e.get("oom_killed"))
+                if isinstance(e.get("waited_s"), int | float):
+                    waits.append(float(e["waited_s"]))
+    except OSError:
+        return {}
+    return {"journal_calls": entries, "journal_calls_admitted": managed,
+            "journal_oom_killed": oom,
+            "admission_wait_p50_s": percentile(waits, 50),
+            "admission_wait_p95_s": percentile(waits, 95),
+            "admission_wait_max_s": max(waits, default=math.nan)}
+
+
+def _journal_path(cfg: dict[str, Any]) -> str:
+    j = cfg.get("journal")
+    return j if isinstance(j, str) and j else "/var/lib/execgate/calls.jsonl"
+
+
+def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall: Sequence[float],
+               budget: int, workload: Workload, settings: RunSettings, log: Log,
+               abort: threading.Event) -> dict[str, Any]:
+    """Set the host up for `scheme`, replay, tear down; returns the run's raw record."""
+    original = host.original_toml()
+    host.cleanup_containers()
+    cfg = bench_config(original, scheme, domain=host.cgroup, mem_scale=workload.mem_scale,
+                       admission_wait_s=settings.admission_wait_s,
+                       scale_daemon=settings.scale_daemon)
+    uses_execgate = scheme.runtime == "execgate" or scheme.daemon
+    if uses_execgate:
+        host.write_config(cfg)
+    t_setup = time.monotonic()
+    host.open_slice(budget)
+    try:
+        # The daemon runs only for the schemes that have it (no stray CPU for the others).
+        domain = host.daemon(scheme.daemon, host.cgroup)
+        journal = _journal_path(original)
+        try:
+            offset = os.path.getsize(journal)
+        except OSError:
+            offset = 0
+        oom_before = oom_kill_count(host.cgroup)
+        log(f"== {scheme.name}: {scheme.description}; budget {budget / MiB:.0f} MiB, "
+            f"{len(tasks)} tasks (setup {time.monotonic() - t_setup:.0f}s)")
+        rep = Replayer(host, scheme, tasks, arrivals_wall, budget, settings, log)
+        rep.abort = abort
+        result = rep.run()
+        result["metrics"]["kernel_oom_kills"] = oom_kill_count(host.cgroup) - oom_before
+        result["metrics"].update(_journal_stats(journal, offset, set(rep.containers)))
+        result["daemon_domain"] = domain
+        result["config"] = cfg if uses_execgate else None
+    finally:
+        host.close_slice()
+    m = result["metrics"]
+    log(f"== {scheme.name}: {m['tasks_completed']}/{m['tasks_total']} tasks, makespan "
+        f"{m['makespan_s']:.1f}s ({m['makespan_trace_s']:.0f}s trace), P50 "
+        f"{m['latency_arrival_p50_s']:.1f}s, OOM kills {m['oom_kills']}, failed attempts "
+        f"{m['failed_attempts']}/{m['attempts']}, peak mem {m['mem_peak_util']:.0%}"
+        + (f"; WARNING: {m['sandboxes_unmanaged']} sandboxes unmanaged"
+           if m.get("sandboxes_unmanaged") else ""))
+    return result
