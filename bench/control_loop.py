@@ -57,8 +57,7 @@ from typing import Any
 
 from bench.metrics import percentile
 from execgate.cgroups import container as layout
-from execgate.common import meminfo, records
-from execgate.daemon import protocol
+from execgate.common import meminfo, protocol, records
 from execgate.oci.runclog import RuncLog
 from execgate.runtime import admit
 
@@ -275,15 +274,12 @@ def _admit_msg(box: str, cgroup_root: str, hint_bytes: int, argv: list[str]) -> 
 
 def _hold_queued(sock_path: str, msg: dict[str, Any]) -> socket.socket:
     """Submit a call that cannot be admitted and keep its runtime's connection open."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(5.0)
-    sock.connect(sock_path)
-    sock.sendall(protocol.encode(protocol.request("admit", **msg)))
-    header = protocol._recv_exact(sock, 4)
-    first = protocol.decode_body(protocol._recv_exact(sock, protocol.frame_length(header)))
+    daemon = protocol.Client(sock_path, 5.0)
+    daemon.send(protocol.request("admit", **msg))
+    first = daemon.recv()
     if not first.get("queued") or first.get("queue") != "heavy":
         raise RuntimeError(f"expected a heavy queued call, got {first}")
-    return sock
+    return daemon.sock
 
 
 def register(d: Daemon, n: int, cgroup_root: str, log: RuncLog) -> list[socket.socket]:

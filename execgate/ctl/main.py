@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 from typing import Any
 
@@ -23,7 +22,8 @@ def _mib(n: int | None) -> str:
 
 def _status(cfg: config_mod.Config) -> tuple[dict[str, Any], str]:
     """From the daemon when it runs; otherwise from disk (said in the header)."""
-    from execgate.daemon import protocol, status
+    from execgate.common import protocol
+    from execgate.daemon import status
 
     try:
         answer = protocol.call(cfg.socket, protocol.request("status"), timeout=2.0)
@@ -131,15 +131,13 @@ def print_calls(calls: list[dict[str, Any]], title: str = "CALLS") -> None:
 
 
 def stream_events(cfg: config_mod.Config) -> int:
-    from execgate.daemon import protocol
+    from execgate.common import protocol
 
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.connect(cfg.socket)
-            sock.sendall(protocol.encode(protocol.request("events")))
+        with protocol.Client(cfg.socket, timeout=None) as daemon:  # events come when they come
+            daemon.send(protocol.request("events"))
             while True:
-                n = protocol.frame_length(protocol._recv_exact(sock, 4))
-                msg = protocol.decode_body(protocol._recv_exact(sock, n))
+                msg = daemon.recv()
                 if msg.get("subscribed"):
                     continue
                 msg.pop("v", None)

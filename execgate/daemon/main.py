@@ -18,9 +18,10 @@ import socket
 from typing import Any
 
 from execgate.common import config as config_mod
+from execgate.common import protocol
 
-from . import protocol, status
 from . import settings as settings_mod
+from . import status
 from .engine import Engine
 from .inside import InsideAgents
 from .server import Conn, Server

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import protocol
+from execgate.common import protocol
 
 log = logging.getLogger("execgated")
 

@@ -10,10 +10,9 @@ dies while we wait closes the socket, which ends the wait at once.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
-from execgate.daemon import protocol
+from execgate.common import protocol
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
@@ -22,11 +21,6 @@ if TYPE_CHECKING:
     from execgate.oci.runclog import RuncLog
 
 SLACK_S = 5.0
-
-
-def _recv(sock: socket.socket) -> dict[str, Any]:
-    header = protocol._recv_exact(sock, 4)
-    return protocol.decode_body(protocol._recv_exact(sock, protocol.frame_length(header)))
 
 
 def done(path: str, budget_s: float, call_id: str) -> dict[str, Any] | None:
@@ -45,17 +39,15 @@ def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog) -> di
         return None
     t0 = time.monotonic()
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-            sock.settimeout(budget_s)
-            sock.connect(path)
-            sock.sendall(protocol.encode(protocol.request("admit", **msg)))
-            first = _recv(sock)
+        with protocol.Client(path, budget_s) as daemon:
+            daemon.send(protocol.request("admit", **msg))
+            first = daemon.recv()
             if not first.get("ok") or not first.get("queued"):
                 log.warning(f"call {msg.get('call')}: daemon refused: {first.get('error')}; "
                             "running unmanaged")
                 return None
-            sock.settimeout(float(first.get("max_wait_s", 30.0)) + SLACK_S)
-            final = _recv(sock)
+            daemon.settimeout(float(first.get("max_wait_s", 30.0)) + SLACK_S)
+            final = daemon.recv()
     except (OSError, protocol.ProtocolError) as e:
         waited = time.monotonic() - t0
         log.warning(f"call {msg.get('call')}: daemon unavailable after {waited:.2f}s "

@@ -6,8 +6,9 @@ import asyncio
 import json
 from pathlib import Path
 
+from execgate.common import protocol
 from execgate.common.config import Config
-from execgate.daemon import protocol, settings
+from execgate.daemon import settings
 from execgate.daemon.engine import Engine
 from execgate.daemon.store import JournalFollower, Store
 

@@ -3,6 +3,8 @@
 Frame: 4-byte big-endian length, then one msgpack map. Every request carries `v` (protocol
 version) and `op`; every reply carries `v` and `ok`, plus `error` when ok is false. A peer that
 speaks another major version gets a clear error instead of a misread. See docs/protocol.md.
+Here, in common/, because both ends speak it: the daemon, and the runtime, execgatectl and the
+benchmarks as its clients (`recv_frame`, `Client`, `call`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def reply(ok: bool = True, **fields: Any) -> dict[str, Any]:
     return {"v": VERSION, "ok": ok, **fields}
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -67,14 +69,53 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def call(path: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One blocking request/reply (the CLI's and the runtime's client)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(encode(msg))
-        n = frame_length(_recv_exact(sock, _LEN.size))
-        answer = decode_body(_recv_exact(sock, n))
+def recv_frame(sock: socket.socket) -> dict[str, Any]:
+    """One frame off a blocking socket (the daemon's own asyncio side reads its own way)."""
+    return decode_body(_read(sock, frame_length(_read(sock, _LEN.size))))
+
+
+def check_version(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer, if the daemon speaks our version: a peer of another never gets misread."""
     if answer.get("v") != VERSION:
         raise ProtocolError(f"daemon speaks protocol v{answer.get('v')}, we speak v{VERSION}")
     return answer
+
+
+class Client:
+    """One connection to the daemon: requests out, answers in, each answer's version checked.
+
+    For the conversations of more than one frame (admit, events); `call` is the one-shot."""
+
+    def __init__(self, path: str, timeout: float | None) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.connect(path)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sock.sendall(encode(msg))
+
+    def recv(self) -> dict[str, Any]:
+        return check_version(recv_frame(self.sock))
+
+    def settimeout(self, timeout: float) -> None:
+        self.sock.settimeout(timeout)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def call(path: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One blocking request/reply (the CLI's and the runtime's client)."""
+    with Client(path, timeout) as client:
+        client.send(msg)
+        return client.recv()
