@@ -43,7 +43,7 @@ from bench.trace import (
     Step,
     Task,
     ToolCall,
-    classify_command,
+    trace_category,
     write_tasks,
 )
 
@@ -243,7 +243,7 @@ def build_task(
         retained = min(retained, burst) if retained >= RETAIN_MIN_BYTES else 0
         retained_total += retained
         memory = MemoryProfile(floor, burst, shape, peak_at, cpu, retained)
-        steps.append(ToolCall(c.command, dur, memory, None, c.tool, classify_command(c.command)))
+        steps.append(ToolCall(c.command, dur, memory, None, c.tool, trace_category(c.command)))
         cursor = max(cursor, c.start) + dur
     end = max(times[-1], calls[-1].end if calls else times[-1])
     if end > cursor:

@@ -82,13 +82,13 @@ class ToolCall:
     memory: MemoryProfile
     hint: str | None = None
     tool: str = "Bash"
-    category: str = ""  # empty: derived from the command by classify_command
+    category: str = ""  # empty: derived from the command by trace_category
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, str) or not self.command:
             raise ValueError("command: must be a non-empty string")
         if not self.category:
-            object.__setattr__(self, "category", classify_command(self.command))
+            object.__setattr__(self, "category", trace_category(self.command))
         _check_seconds("duration_s", self.duration_s)
         if self.memory.hold_s > self.duration_s:
             raise ValueError(
@@ -170,8 +170,12 @@ _CATEGORY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-def classify_command(command: str) -> str:
-    """Map a command line to one of CATEGORIES (used for calibration and predictors)."""
+def trace_category(command: str) -> str:
+    """A trace's category of a command line, one of CATEGORIES (`ToolCall.category`).
+
+    The benchmark's own taxonomy, for calibrating and generating traces; execgate's admission
+    classes argv with `execgate.policy.estimate.classify_command`, which this does not mirror.
+    """
     for name, pattern in _CATEGORY_PATTERNS:
         if pattern.search(command):
             return name

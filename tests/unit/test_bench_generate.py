@@ -10,11 +10,11 @@ import pytest
 
 from bench.generate import GenConfig, calibration_stats, generate, main
 from bench.trace import (
-    classify_command,
     iter_tasks,
     load_tasks,
     memory_at,
     task_to_dict,
+    trace_category,
 )
 
 
@@ -107,7 +107,7 @@ def test_deterministic_and_prefix_stable() -> None:
 def test_commands_classify_as_their_category() -> None:
     for task in generate(20, seed=5):
         for c in task.tool_calls:
-            assert classify_command(c.command) == c.category, c.command
+            assert trace_category(c.command) == c.category, c.command
 
 
 def test_profiles_are_replayable() -> None:

@@ -14,7 +14,6 @@ from bench.trace import (
     Task,
     ToolCall,
     TraceError,
-    classify_command,
     load_tasks,
     mean_and_peak,
     memload_argv,
@@ -25,6 +24,7 @@ from bench.trace import (
     scale_time,
     shape_fraction,
     task_to_dict,
+    trace_category,
 )
 
 MB = 1_000_000
@@ -283,5 +283,5 @@ def test_memload_argv() -> None:
         ("cd x && python r.py", "run"),
     ],
 )
-def test_classify_command(cmd: str, cat: str) -> None:
-    assert classify_command(cmd) == cat
+def test_trace_category(cmd: str, cat: str) -> None:
+    assert trace_category(cmd) == cat
