@@ -106,7 +106,8 @@ class Engine:
         self.journal = JournalFollower(cfg.journal, self.store)
         self.events = EventBus()
         self.files = KeptFiles()  # running calls' cgroup files, read every period
-        self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files)
+        self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
+                                 settings.pressure)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
         # bcc probes (OOM attribution, page faults); started by the daemon, after its socket
         self.probes = ProbeMonitor(settings.daemon.probes, self.events, cfg.state_dir,

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from execgate.cgroups import v2
 from execgate.policy.growth import CallSummary, GrowthConfig, GrowthController, Sample, Victim
+from execgate.policy.pressure import PressureConfig
 from execgate.policy.pressure_state import Pressure
 
 from .cgfiles import KeptFiles
@@ -75,12 +76,15 @@ class Tracked:
 
 class GrowthGate:
     def __init__(self, config: GrowthConfig, mode: str, clock: Callable[[], float],
-                 files: KeptFiles | None = None) -> None:
+                 files: KeptFiles | None = None,
+                 pressure: PressureConfig | None = None) -> None:
+        """pressure: the daemon's [pressure] config, whose safety margin S the controller takes
+        off the headroom as admission does."""
         self.config = config
         self.files = files if files is not None else KeptFiles()
         self.mode = mode  # auto | sched_ext | freeze | off
         self.clock = clock
-        self.controller = GrowthController(config, clock)
+        self.controller = GrowthController(config, clock, pressure)
         self.actuator: Actuator | None = None
         self.reason = "off"
         self.tracked: dict[str, Tracked] = {}

@@ -2,7 +2,9 @@
 [inside] and [residency] tables mapped onto the policy dataclasses, with sizes written the way
 hints write them ("512m").
 
-A bad value never stops the daemon: it keeps the default and the error is logged.
+A bad value never stops the daemon: it keeps the default and the error is logged. So does a
+deprecated key (DEPRECATED): it is read under its new name, with a warning, while the new one is
+not set.
 """
 
 from __future__ import annotations
@@ -141,6 +143,32 @@ def from_table(cls: type[T], table: dict[str, Any], section: str, errors: list[s
         return defaults
 
 
+# Old key -> the key it became, as (table, key). A deprecated key is still read while the new one
+# is not set, and reported either way.
+DEPRECATED: dict[tuple[str, str], tuple[str, str]] = {
+    # One safety margin S for admission and the growth gate (pressure.effective_margin).
+    ("growth", "headroom_reserve_bytes"): ("pressure", "safety_margin_bytes"),
+    ("growth", "headroom_reserve_fraction"): ("pressure", "safety_margin_fraction"),
+}
+
+
+def _renamed(tables: dict[str, dict[str, Any]], errors: list[str]) -> None:
+    """Move each deprecated key in `tables` (copies, edited in place) to its new name."""
+    for (old_table, old_key), (new_table, new_key) in DEPRECATED.items():
+        old = tables.get(old_table)
+        if not old or old_key not in old:
+            continue
+        value = old.pop(old_key)
+        new = tables.setdefault(new_table, {})
+        if new_key in new:
+            errors.append(f"[{old_table}] {old_key} is deprecated and ignored: "
+                          f"[{new_table}] {new_key} is set")
+        else:
+            new[new_key] = value
+            errors.append(f"[{old_table}] {old_key} is deprecated: read as "
+                          f"[{new_table}] {new_key}; rename it")
+
+
 INSIDE_RULES = ("child", "first-exec")
 INSIDE_FREEZE = ("queued", "always")
 INSIDE_SOURCES = ("auto", "bpf", "connector")
@@ -173,10 +201,11 @@ def _inside(table: dict[str, Any], errors: list[str]) -> InsideConfig:
 
 def load(cfg: Config) -> tuple[Settings, list[str]]:
     errors: list[str] = []
-    tables = cfg.tables
+    tables = {name: dict(t) for name, t in cfg.tables.items() if isinstance(t, dict)}
+    _renamed(tables, errors)
 
     def table(name: str) -> dict[str, Any]:
-        return dict(tables.get(name) or {})
+        return tables.get(name) or {}
 
     daemon = table("daemon")
     if isinstance(daemon.get("probes"), bool):  # probes = true|false|"auto"

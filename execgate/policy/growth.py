@@ -55,6 +55,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from execgate.policy.pressure import PressureConfig, effective_margin
 from execgate.policy.pressure_state import Pressure
 
 MiB = 1 << 20
@@ -81,11 +82,6 @@ class GrowthConfig:
     horizon_s: float = 1.0
     # Demand assumed before the first valid sample (a new call is presumed to grow).
     boot_demand_bytes: int = 16 * MiB
-    # Kept free for the kernel and everything else: H = max(MemAvailable - reserve, 0). In a
-    # domain that reports its budget, the reserve is at most this fraction of it: 256 MiB is
-    # host-sized and would leave a 512 MiB cgroup domain half its memory as slack.
-    headroom_reserve_bytes: int = 256 * MiB
-    headroom_reserve_fraction: float = 0.125
     # AIMD on the yellow slot budget b.
     budget_initial: int = 1
     budget_max: int = 4
@@ -101,7 +97,7 @@ class GrowthConfig:
     # Hold cap: a call continuously denied this long is forced to run for a period.
     max_hold_s: float = 20.0
     # Last resort (ToolSched §3.4): red for this long with the domain's available memory (no
-    # reserve taken off) below critical and still falling -> kill one.
+    # safety margin taken off) below critical and still falling -> kill one.
     last_resort_after_s: float = 2.0
     critical_headroom_bytes: int = 64 * MiB
     # Run time floor in (U - D) / T, so a call that just started doesn't get an infinite score.
@@ -116,10 +112,8 @@ class GrowthConfig:
             raise ValueError("growth_threshold_bps must be >= 0")
         if self.horizon_s <= 0 or self.period_s <= 0 or self.min_run_time_s <= 0:
             raise ValueError("horizon_s, period_s and min_run_time_s must be > 0")
-        if self.boot_demand_bytes < 0 or self.headroom_reserve_bytes < 0:
-            raise ValueError("boot_demand_bytes and headroom_reserve_bytes must be >= 0")
-        if not 0.0 <= self.headroom_reserve_fraction <= 1.0:
-            raise ValueError("headroom_reserve_fraction must be in [0, 1]")
+        if self.boot_demand_bytes < 0:
+            raise ValueError("boot_demand_bytes must be >= 0")
         if not 1 <= self.budget_initial <= self.budget_max:
             raise ValueError("need 1 <= budget_initial <= budget_max")
         if self.budget_increase_after_s <= 0:
@@ -304,13 +298,10 @@ def _burst_rate(grown: int, faults_before: int | None, faults_now: int | None,
     return max(faults_now - faults_before, 0) / dt
 
 
-def headroom(mem_available: int, config: GrowthConfig, budget: int | None = None) -> int:
-    """H = max(MemAvailable - reserve, 0); with the domain's budget known, the reserve is at most
-    headroom_reserve_fraction of it."""
-    reserve = config.headroom_reserve_bytes
-    if budget is not None:
-        reserve = min(reserve, int(budget * config.headroom_reserve_fraction))
-    return max(mem_available - reserve, 0)
+def headroom(mem_available: int, pressure: PressureConfig, budget: int | None = None) -> int:
+    """H = max(MemAvailable - S, 0), S the safety margin admission keeps too (effective_margin:
+    one knob, [pressure] safety_margin_*, so the gate and admission see the same headroom)."""
+    return max(mem_available - effective_margin(pressure, budget), 0)
 
 
 def pick_last_resort_victim(
@@ -349,10 +340,14 @@ def pick_last_resort_victim(
 
 
 class GrowthController:
-    """TenonAgent Algorithm 1. Call update() once per period with a sample of every live call."""
+    """TenonAgent Algorithm 1. Call update() once per period with a sample of every live call.
 
-    def __init__(self, config: GrowthConfig | None = None, clock: Clock = time.monotonic):
+    ``pressure`` is the daemon's pressure config, for its safety margin S only (see headroom)."""
+
+    def __init__(self, config: GrowthConfig | None = None, clock: Clock = time.monotonic,
+                 pressure: PressureConfig | None = None):
         self.config = config or GrowthConfig()
+        self.pressure = pressure or PressureConfig()
         self._clock = clock
         self._calls: dict[str, _Call] = {}
         self._done: OrderedDict[str, CallSummary] = OrderedDict()
@@ -380,12 +375,11 @@ class GrowthController:
         """Decide allow/deny for every sampled call; calls missing from ``samples`` are gone.
 
         ``mem_available`` is what the domain can still allocate, ``budget`` its size (when known:
-        it bounds the reserve, see GrowthConfig.headroom_reserve_fraction).
+        it bounds the safety margin S, see pressure.effective_margin).
         """
         now = self._clock()
         self._available = (self._available[1], mem_available)
         self._domain_budget = budget
-        cfg = self.config
         batch: dict[str, Sample] = {}
         for s in samples:
             if s.call_id in batch:
@@ -409,7 +403,7 @@ class GrowthController:
             c.state, c.demand = self._classify(c.growth, denied_for[cid], c.burst)
             c.demand = _within_declaration(c.demand, s)
 
-        H = headroom(mem_available, cfg, budget)
+        H = headroom(mem_available, self.pressure, budget)
         if pressure == Pressure.GREEN:
             slot_limit = None
             verdicts = {cid: (True, Reason.GREEN) for cid in batch}
@@ -664,8 +658,8 @@ class GrowthController:
 
     def last_resort_victim(self, samples: Iterable[Sample], mem_available: int) -> Victim | None:
         """pick_last_resort_victim() with the red streak this controller has observed, only
-        when nothing else helps: what the domain can still allocate (before any reserve: the
-        reserve is the gate's slack, not the kernel's) is critical *and* still shrank over the
+        when nothing else helps: what the domain can still allocate (before the safety margin:
+        S is the gate's slack, not the kernel's) is critical *and* still shrank over the
         last period although the gate holds growth. A domain that is full but stable is the
         gate working, not an OOM about to happen.
         """

@@ -5,8 +5,9 @@ numbers to `assess_pressure`; the result feeds admission (TenonAgent §3.4) and 
 
 The state is derived from *usable headroom* H = max(available − S, 0), where the safety margin S
 keeps the kernel's own reclaim room out of the schedulable pool; S is at most
-`safety_margin_fraction` (1/8) of the budget, like the growth gate's reserve, so a small cgroup
-domain is not mostly margin. The budget is cut into regions:
+`safety_margin_fraction` (1/8) of the budget, so a small cgroup domain is not mostly margin.
+`effective_margin` computes S for admission and the growth gate alike (one knob, one headroom).
+The budget is cut into regions:
 red while H ≤ red_fraction · budget, yellow while H ≤ (red_fraction + yellow_fraction) · budget,
 green above. A reading at exactly a boundary takes the worse state (red wins ties), which also
 makes an empty domain (budget 0, H 0) red rather than green.
@@ -43,8 +44,8 @@ class PressureConfig:
     # S: bytes of available memory never counted as headroom (kernel reclaim room, page cache).
     safety_margin_bytes: int = 256 * MiB
     # ... but at most this fraction of the domain's budget: 256 MiB is host-sized and would keep
-    # two thirds of a 384 MiB cgroup domain idle. The growth gate caps its reserve the same way
-    # (GrowthConfig.headroom_reserve_fraction), so both see the same headroom.
+    # two thirds of a 384 MiB cgroup domain idle. The growth gate takes the same S
+    # (effective_margin), so admission and the gate see the same headroom.
     safety_margin_fraction: float = 0.125
     # Size of the red region, as a fraction of the budget: red while H ≤ this · budget.
     red_fraction: float = 0.125
@@ -198,8 +199,13 @@ def assess_pressure(
     )
 
 
-def effective_margin(config: PressureConfig, budget: int) -> int:
-    """S_eff = min(S, safety_margin_fraction · budget): the margin in a domain of this size."""
+def effective_margin(config: PressureConfig, budget: int | None) -> int:
+    """S = min(safety_margin_bytes, safety_margin_fraction · budget): the margin in a domain of
+    this size. The one place S is computed: admission (through `assess_pressure`) and the growth
+    gate (`GrowthController`) both take it from here, so they never see different headroom. An
+    unknown budget (None) leaves the bytes uncapped."""
+    if budget is None:
+        return config.safety_margin_bytes
     return min(config.safety_margin_bytes, int(max(budget, 0) * config.safety_margin_fraction))
 
 

@@ -22,6 +22,7 @@ from execgate.policy.growth import (
     Sample,
     pick_last_resort_victim,
 )
+from execgate.policy.pressure import PressureConfig, assess_pressure, effective_margin
 from execgate.policy.pressure_state import Pressure
 
 G, Y, R = Pressure.GREEN, Pressure.YELLOW, Pressure.RED
@@ -120,7 +121,7 @@ def test_defaults_are_table_5() -> None:
     assert c.growth_threshold_bps == 4 * MiB
     assert c.horizon_s == 1.0
     assert c.boot_demand_bytes == 16 * MiB
-    assert c.headroom_reserve_bytes == 256 * MiB
+    assert GrowthController(c).pressure.safety_margin_bytes == 256 * MiB  # S: [pressure]'s
     assert (c.budget_initial, c.budget_max, c.budget_increase_after_s) == (1, 4, 5.0)
     assert (c.min_deny_s, c.overdue_after_s, c.max_hold_s) == (1.0, 3.0, 20.0)
     assert c.last_resort_after_s == 2.0
@@ -772,6 +773,23 @@ def test_reserve_is_bounded_by_the_domain_budget() -> None:
     assert sim.ctl.update([sim.procs["g"].sample()], R, 200 * MiB).headroom_bytes == 0
 
 
+@pytest.mark.parametrize("margin", [
+    PressureConfig(),
+    PressureConfig(safety_margin_bytes=512 * MiB),
+    PressureConfig(safety_margin_bytes=0),
+    PressureConfig(safety_margin_bytes=GiB, safety_margin_fraction=0.5),
+])
+@pytest.mark.parametrize("budget", [384 * MiB, 512 * MiB, 8 * GiB])
+def test_the_gate_and_admission_see_the_same_safety_margin(
+        margin: PressureConfig, budget: int) -> None:
+    """One S: whatever [pressure] safety_margin_* says, the gate's H is admission's headroom."""
+    ctl = GrowthController(GrowthConfig(), FakeClock(), margin)
+    for available in (0, 100 * MiB, budget // 2, budget):
+        reading = assess_pressure(margin, available, budget)
+        assert ctl.update([], Y, available, budget).headroom_bytes == reading.headroom
+        assert reading.safety_margin == effective_margin(margin, budget)
+
+
 # -- the e2e scenario, simulated -------------------------------------------------------------
 
 
@@ -801,7 +819,6 @@ def test_three_clock_paced_ramps_fit_a_512_mib_domain() -> None:
     """tests/e2e/test_growth_gate.py in miniature: 3 x 200 MiB ramps over 8 s in 512 MiB with
     the daemon's pressure rules. Eager they need 600 MiB; gated, one grows at a time, the others
     wait and catch up later, nobody is killed and the domain never overflows."""
-    from execgate.policy.pressure import PressureConfig, assess_pressure
 
     budget, overhead, dt = 512 * MiB, 24 * MiB, 1 / 64
     clock = FakeClock()

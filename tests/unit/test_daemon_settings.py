@@ -1,0 +1,50 @@
+"""config.toml tables onto the policy configs: deprecated keys still read, with a warning."""
+
+from __future__ import annotations
+
+from execgate.common.config import Config
+from execgate.daemon import settings
+from execgate.policy.growth import GrowthController
+from execgate.policy.pressure import MiB, assess_pressure
+
+
+def test_old_growth_reserve_keys_are_read_as_the_safety_margin_and_warn() -> None:
+    s, errors = settings.load(Config(tables={
+        "growth": {"headroom_reserve_bytes": "128m", "headroom_reserve_fraction": 0.25,
+                   "max_hold_s": 10},
+    }))
+    assert s.pressure.safety_margin_bytes == 128 * MiB
+    assert s.pressure.safety_margin_fraction == 0.25
+    assert s.growth.max_hold_s == 10.0
+    assert errors == [
+        "[growth] headroom_reserve_bytes is deprecated: read as [pressure] safety_margin_bytes;"
+        " rename it",
+        "[growth] headroom_reserve_fraction is deprecated: read as [pressure]"
+        " safety_margin_fraction; rename it",
+    ]
+
+
+def test_the_new_safety_margin_key_wins_over_the_old_one() -> None:
+    s, errors = settings.load(Config(tables={
+        "pressure": {"safety_margin_bytes": "64m"},
+        "growth": {"headroom_reserve_bytes": "512m"},
+    }))
+    assert s.pressure.safety_margin_bytes == 64 * MiB
+    assert errors == ["[growth] headroom_reserve_bytes is deprecated and ignored: "
+                      "[pressure] safety_margin_bytes is set"]
+
+
+def test_the_configured_margin_reaches_admission_and_the_gate_alike() -> None:
+    s, errors = settings.load(Config(tables={"pressure": {"safety_margin_bytes": "96m"}}))
+    assert errors == []
+    ctl = GrowthController(s.growth, pressure=s.pressure)
+    budget, available = 4 << 30, 1 << 30
+    reading = assess_pressure(s.pressure, available, budget)
+    assert reading.headroom == available - 96 * MiB
+    assert ctl.update([], reading.state, available, budget).headroom_bytes == reading.headroom
+
+
+def test_loading_does_not_touch_the_config_tables() -> None:
+    tables = {"growth": {"headroom_reserve_bytes": "128m"}}
+    settings.load(Config(tables=tables))
+    assert tables == {"growth": {"headroom_reserve_bytes": "128m"}}
