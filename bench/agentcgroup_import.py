@@ -21,6 +21,15 @@ Derivation, per attempt:
   'plateau' ending where the burst last was high; cpu_share = mean cpu% / 100 capped at 1;
 * gaps between calls (and before the first / after the last) become LLM waits; overlapping
   (parallel) calls are serialised with a zero gap and counted in metadata.
+
+A task's id is `<task>/<attempt>`, led by its experiment folder (and further parents) when the
+same task is imported from several, as in the published layout
+experiments/<experiment>/<task>/attempt_N; a directory reached through two DIRs counts once.
+
+Usage, from the repository root (or with PYTHONPATH set to it; stdlib only, nothing installed):
+
+    python3 -m bench.agentcgroup_import EXPERIMENTS_DIR... -o tasks.jsonl [--bash-only]
+    python3 -m bench.replay plan --trace tasks.jsonl --tasks N
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import argparse
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -259,8 +269,35 @@ def build_task(
     return Task(task_id, steps, baseline, meta)
 
 
-def import_attempt(path: str | Path, *, bash_only: bool = False) -> Task:
-    """Read one AgentCgroup attempt directory (e.g. .../<task>/attempt_1) into a Task."""
+def task_ids(attempts: Sequence[Path]) -> list[str]:
+    """One id per attempt directory: `<task>/<attempt>`, led by as many parent folders (the
+    experiment's first) as it takes to tell apart attempts of the same name.
+
+    In the published layout (experiments/<experiment>/<task>/attempt_N) a task runs in several
+    experiments, and the replayer refuses a trace whose ids repeat.
+    """
+    parts = [p.resolve().parts for p in attempts]
+    depth = [2 if p.name.startswith("attempt") else 1 for p in attempts]
+    while True:
+        ids = ["/".join(pp[-n:]) for pp, n in zip(parts, depth, strict=True)]
+        seen = Counter(ids)
+        clashing = [i for i, x in enumerate(ids) if seen[x] > 1]
+        if not clashing:
+            return ids
+        grown = False
+        for i in clashing:
+            if depth[i] < len(parts[i]) - 1:  # up to the top folder, never the root '/'
+                depth[i] += 1
+                grown = True
+        if not grown:
+            raise ValueError(f"{ids[clashing[0]]}: the same attempt directory twice")
+
+
+def import_attempt(
+    path: str | Path, *, bash_only: bool = False, task_id: str | None = None
+) -> Task:
+    """Read one AgentCgroup attempt directory (e.g. .../<task>/attempt_1) into a Task;
+    `task_id` defaults to `task_ids`' for the directory alone."""
     d = Path(path)
     with open(d / "resources.json", encoding="utf-8") as f:
         resources = json.load(f)
@@ -268,7 +305,7 @@ def import_attempt(path: str | Path, *, bash_only: bool = False) -> Task:
         tool_calls = json.load(f)
     samples, skipped = load_samples(resources, str(d / "resources.json"))
     calls = load_calls(tool_calls, str(d / "tool_calls.json"))
-    task_id = f"{d.parent.name}/{d.name}" if d.name.startswith("attempt") else d.name
+    task_id = task_id or task_ids([d])[0]
     meta: dict[str, Any] = {"path": str(d), "skipped_samples": skipped}
     results = d / "results.json"
     if results.is_file():
@@ -302,18 +339,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-o", "--output", default="-", help="output JSONL (default: stdout)")
     ap.add_argument("--bash-only", action="store_true", help="keep only Bash tool calls")
     args = ap.parse_args(argv)
-    tasks = []
+    attempts: dict[Path, Path] = {}  # a directory reached through two roots counts once
     for root in args.dirs:
         found = find_attempts(root)
         if not found:
             print(f"agentcgroup_import: {root}: no attempt directories found", file=sys.stderr)
             return 1
         for d in found:
-            try:
-                tasks.append(import_attempt(d, bash_only=args.bash_only))
-            except (OSError, ValueError) as e:
-                print(f"agentcgroup_import: {d}: {e}", file=sys.stderr)
-                return 1
+            attempts.setdefault(d.resolve(), d)
+    dirs = list(attempts.values())
+    tasks = []
+    for d, task_id in zip(dirs, task_ids(dirs), strict=True):
+        try:
+            tasks.append(import_attempt(d, bash_only=args.bash_only, task_id=task_id))
+        except (OSError, ValueError) as e:
+            print(f"agentcgroup_import: {d}: {e}", file=sys.stderr)
+            return 1
     if args.output == "-":
         write_tasks(tasks, sys.stdout)
     else:

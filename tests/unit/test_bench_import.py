@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -163,6 +166,41 @@ def test_cli_recurses_and_writes_jsonl(tmp_path: Path, capsys: pytest.CaptureFix
     assert [t.id for t in tasks] == ["django__django-1/attempt_1", "flask__flask-2/attempt_2"]
     assert "2 task(s)" in capsys.readouterr().err
     assert main([str(tmp_path / "nothing-here")]) == 1
+
+
+def test_a_task_in_two_experiment_folders_gets_two_ids(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The published layout: experiments/<experiment>/<task>/attempt_N, the same task run in
+    # several experiments. The replayer refuses a trace whose ids repeat.
+    root = tmp_path / "experiments"
+    for experiment in ("all_images_haiku", "all_images_local"):
+        shutil.copytree(FIXTURE, root / experiment / "django__django-1" / "attempt_1")
+    shutil.copytree(FIXTURE, root / "all_images_local" / "flask__flask-2" / "attempt_1")
+    out = tmp_path / "out.jsonl"
+    assert main([str(root), "-o", str(out)]) == 0
+    assert [t.id for t in load_tasks(out)] == [
+        "all_images_haiku/django__django-1/attempt_1",
+        "all_images_local/django__django-1/attempt_1",
+        "flask__flask-2/attempt_1",
+    ]
+    # The same when each experiment folder is given on its own, and a folder given twice
+    # (directly and through its parent) is imported once.
+    experiments = [str(root / "all_images_haiku"), str(root / "all_images_local")]
+    assert main([*experiments, str(root), "-o", str(out)]) == 0
+    assert len({t.id for t in load_tasks(out)}) == 3
+    assert "3 task(s)" in capsys.readouterr().err
+
+
+def test_runs_from_a_checkout_with_the_stdlib_only() -> None:
+    # python3 -m bench.agentcgroup_import from the repository root: no install, no PYTHONPATH
+    # (-S: no site-packages either).
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-S", "-m", "bench.agentcgroup_import", "--help"],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "usage:" in p.stdout
 
 
 def test_bad_input_is_reported(tmp_path: Path) -> None:
