@@ -1,0 +1,245 @@
+"""The daemon's admit op end to end: its real socket server, handlers and engine, on a temp
+domain (memory.max/memory.current files), spoken to over the socket as the runtime does.
+
+The frames are built here with msgpack (4-byte big-endian length, one map; docs/protocol.md),
+not with the daemon's own protocol module, so the wire format itself is under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from test_daemon_cgfiles import _cgroup
+from test_daemon_engine import Clock, _engine
+
+from execgate.daemon.engine import Engine
+from execgate.daemon.main import Daemon
+from execgate.daemon.server import Server
+
+MiB = 1 << 20
+FRAME = 2.0  # seconds a test waits for a frame the daemon owes it
+
+
+class Peer:
+    """One client connection, framing by hand."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, path: str) -> Peer:
+        return cls(*await asyncio.open_unix_connection(path))
+
+    async def send(self, msg: Any) -> None:
+        body = msgpack.packb(msg, use_bin_type=True)
+        self.writer.write(struct.pack(">I", len(body)) + body)
+        await self.writer.drain()
+
+    async def recv(self, timeout: float = FRAME) -> dict[str, Any]:
+        header = await asyncio.wait_for(self.reader.readexactly(4), timeout)
+        (n,) = struct.unpack(">I", header)
+        body = await asyncio.wait_for(self.reader.readexactly(n), timeout)
+        return msgpack.unpackb(body, raw=False)
+
+    async def ask(self, msg: Any) -> dict[str, Any]:
+        await self.send(msg)
+        return await self.recv()
+
+    async def at_eof(self) -> bool:
+        """Whether the daemon ended the conversation (it closes after an admit's last frame)."""
+        return await asyncio.wait_for(self.reader.read(1), FRAME) == b""
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+
+class Running:
+    def __init__(self, path: str, engine: Engine, clock: Clock, tmp: Path) -> None:
+        self.path, self.engine, self.clock, self.tmp = path, engine, clock, tmp
+
+    def admit_msg(self, i: int, mem: int, **extra: Any) -> dict[str, Any]:
+        """An admit request as the runtime sends it, for a call whose cgroup exists."""
+        name = f"tool-{i:012x}"
+        cg = self.tmp / name
+        if not cg.exists():
+            _cgroup(self.tmp, name, current=4096)
+        return {"v": 1, "op": "admit", "call": name, "container": "box", "sandbox": "box",
+                "cgroup": str(cg), "argv": ["pytest", "-q"], "hint": {"memory_bytes": mem},
+                **extra}
+
+    async def admit(self, msg: dict[str, Any]) -> tuple[Peer, dict[str, Any]]:
+        """Send an admit; the open connection and the daemon's first frame."""
+        peer = await Peer.connect(self.path)
+        return peer, await peer.ask(msg)
+
+    async def admission(self) -> dict[str, list[str]]:
+        """The calls queued and running, as `execgatectl status` asks the daemon for them."""
+        peer = await Peer.connect(self.path)
+        try:
+            answer = await peer.ask({"v": 1, "op": "status", "recent": 0})
+        finally:
+            await peer.close()
+        view = answer["status"]["daemon"]["admission"]
+        return {k: [c["call_id"] for c in view[k]] for k in ("queued", "running")}
+
+    async def done(self, call: str) -> dict[str, Any]:
+        peer = await Peer.connect(self.path)
+        try:
+            return await peer.ask({"v": 1, "op": "done", "call": call})
+        finally:
+            await peer.close()
+
+
+@contextlib.asynccontextmanager
+async def daemon(tmp: Path, budget: int = 1024 * MiB, used: int = 64 * MiB
+                 ) -> AsyncIterator[Running]:
+    """The daemon's server and control loop as `execgated` runs them (no probes, no inside
+    agents: neither takes part in admission), on a temp socket."""
+    engine, clock, _journal = _engine(tmp, budget=budget, used=used)
+    d = Daemon(engine.cfg, engine)
+    server = Server(str(tmp / "run" / "execgated.sock"), d.handlers, allowed_uids={os.getuid()})
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(d.control_loop(stop))
+    try:
+        yield Running(server.path, engine, clock, tmp)
+    finally:
+        stop.set()
+        engine.wake.set()
+        await asyncio.wait_for(loop, FRAME)
+        await server.close()
+        engine.store.close()
+
+
+def test_a_call_that_fits_is_admitted_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            msg = d.admit_msg(1, 100 * MiB)
+            peer, first = await d.admit(msg)
+            assert first["v"] == 1 and first["ok"] is True and first["queued"] is True
+            assert first["peak"] == 100 * MiB and first["max_wait_s"] > 0
+            second = await peer.recv()
+            assert second["v"] == 1 and second["ok"] is True and second["admitted"] is True
+            assert second["waited_s"] == 0.0 and second["forced"] is False
+            assert await peer.at_eof()
+            await peer.close()
+            assert await d.admission() == {"queued": [], "running": [msg["call"]]}
+            answer = await d.done(msg["call"])
+            assert answer["ok"] is True and answer["v"] == 1
+            assert await d.admission() == {"queued": [], "running": []}
+
+    asyncio.run(scenario())
+
+
+def test_a_call_that_does_not_fit_waits_until_a_done_frees_room(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path, budget=1024 * MiB, used=64 * MiB) as d:
+            big = d.admit_msg(1, 600 * MiB)
+            first, _ = await d.admit(big)
+            assert (await first.recv())["admitted"] is True
+            await first.close()
+
+            waiting = d.admit_msg(2, 600 * MiB)
+            peer, queued = await d.admit(waiting)
+            assert queued["ok"] is True and queued["queued"] is True
+            with pytest.raises(TimeoutError):  # 1.2 GiB cannot run in 1 GiB: no answer yet
+                await peer.recv(timeout=0.5)
+            assert await d.admission() == {"queued": [waiting["call"]], "running": [big["call"]]}
+
+            d.clock.t += 5.0
+            assert (await d.done(big["call"]))["ok"] is True
+            admitted = await peer.recv()
+            assert admitted["ok"] is True and admitted["admitted"] is True
+            assert admitted["waited_s"] == 5.0 and admitted["forced"] is False
+            assert await peer.at_eof()
+            await peer.close()
+            assert await d.admission() == {"queued": [], "running": [waiting["call"]]}
+
+    asyncio.run(scenario())
+
+
+def test_a_runtime_that_hangs_up_while_waiting_is_cancelled(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path, budget=512 * MiB, used=500 * MiB) as d:  # no room at all
+            msg = d.admit_msg(1, 100 * MiB)
+            peer, queued = await d.admit(msg)
+            assert queued["queued"] is True
+            assert await d.admission() == {"queued": [msg["call"]], "running": []}
+            await peer.close()
+            for _ in range(100):
+                if await d.admission() == {"queued": [], "running": []}:
+                    break
+                await asyncio.sleep(0.01)
+            assert await d.admission() == {"queued": [], "running": []}
+
+    asyncio.run(scenario())
+
+
+def test_bad_requests_get_a_clear_error_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            good = d.admit_msg(1, 100 * MiB)
+            peer = await Peer.connect(d.path)
+            for key, bad in (("call", None), ("call", 5), ("sandbox", ""), ("cgroup", ["x"])):
+                msg = {k: v for k, v in good.items() if k != key}
+                if bad is not None:
+                    msg[key] = bad
+                answer = await peer.ask(msg)
+                assert answer == {"v": 1, "ok": False, "error": f"admit needs a string {key!r}"}
+            answer = await peer.ask({"v": 1, "op": "frobnicate"})
+            assert answer["ok"] is False and answer["error"] == "unknown op 'frobnicate'"
+            answer = await peer.ask({"v": 1, "op": "done", "call": 7})
+            assert answer["ok"] is False and "'call'" in answer["error"]
+            # Nothing of those reached the engine, and the same connection still serves.
+            assert await d.admission() == {"queued": [], "running": []}
+            assert (await peer.ask({"v": 1, "op": "ping"}))["pid"] == os.getpid()
+
+            # A second admit of a call already admitted is refused, the first one kept.
+            admitted, _ = await d.admit(good)
+            assert (await admitted.recv())["admitted"] is True
+            again = await peer.ask(good)
+            assert again["ok"] is False and "already submitted" in again["error"]
+            assert await d.admission() == {"queued": [], "running": [good["call"]]}
+            await admitted.close()
+
+            # A frame that is no map ends that client only.
+            await peer.send(["not", "a", "map"])
+            assert await peer.at_eof()
+            await peer.close()
+            other = await Peer.connect(d.path)
+            assert (await other.ask({"v": 1, "op": "ping"}))["ok"] is True
+            await other.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_protocol_version_is_checked_before_the_op_runs(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            peer = await Peer.connect(d.path)
+            for version in (2, None, "1"):
+                msg = d.admit_msg(1, 100 * MiB)
+                if version is None:
+                    del msg["v"]
+                else:
+                    msg["v"] = version
+                answer = await peer.ask(msg)
+                assert answer["v"] == 1 and answer["ok"] is False
+                assert "unsupported protocol version" in answer["error"]
+                assert "v1" in answer["error"]
+            assert await d.admission() == {"queued": [], "running": []}
+            first = await peer.ask(d.admit_msg(1, 100 * MiB))
+            assert first["ok"] is True and first["queued"] is True
+            await peer.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,397 @@
+"""The exec handler (`runtime/exec.py`) with everything around it faked but itself.
+
+Fakes: the kernel's cgroupfs is a temp dir laid out like a managed container (`<box>/init/`);
+runc is a shell script that records the argv it is given and the call's cgroup as it finds
+it; the daemon is a thread serving the wire protocol (msgpack frames, docs/protocol.md). The
+handler runs in a process of its own, as on every `docker exec`: it builds a real Context,
+calls `handle(ctx)` and execve()s the fake runc with the argv it returned, and the detached
+watcher it leaves behind runs to its end against the temp paths (what it journals is checked).
+In that process the fake cgroupfs does what the kernel's does: mkdir creates a cgroup's
+interface files, rmdir removes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import socketserver
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from execgate.common.config import Config
+from execgate.oci import cli
+from execgate.oci.runclog import RuncLog
+from execgate.runtime import exec as exec_
+from execgate.runtime.context import Context
+
+MiB = 1 << 20
+GiB = 1 << 30
+TOOL = re.compile(r"tool-[0-9a-f]{12}")
+REPO = str(Path(__file__).resolve().parents[2])
+
+FAKE_RUNC = """#!/bin/sh
+# runc exec, as far as the handler can tell: records its argv and the call's cgroup.
+printf '%s\\n' "$@" > "$FAKE_RUNC_OUT.argv"
+while [ $# -gt 0 ]; do [ "$1" = --cgroup ] && cg="$2"; shift; done
+[ -n "$cg" ] && cat "$FAKE_BOX/$cg/memory.oom.group" > "$FAKE_RUNC_OUT.oom" 2>/dev/null
+exit "$FAKE_RUNC_STATUS"
+"""
+
+# The runtime process: cgroupfs semantics for mkdir/rmdir below the fake root, then what
+# runtime/main.py does for an intercepted exec: handle(ctx), then become the real runtime.
+DRIVER = """
+import errno, json, os, sys
+root, cfg_json, log_path, runc, argv_json = sys.argv[1:6]
+_mkdir, _rmdir = os.mkdir, os.rmdir
+FILES = {"cgroup.procs": "", "cgroup.events": "populated 0\\nfrozen 0\\n",
+         "cgroup.freeze": "0\\n", "memory.oom.group": "0\\n", "memory.high": "max\\n",
+         "memory.max": "max\\n", "memory.events": "low 0\\nhigh 0\\nmax 0\\noom 0\\n"
+         "oom_kill 0\\noom_group_kill 0\\n", "memory.current": "0\\n", "memory.peak": "0\\n"}
+def below(path):
+    return os.path.abspath(path).startswith(root + os.sep)
+def mkdir(path, mode=0o777, *, dir_fd=None):
+    _mkdir(path, mode, dir_fd=dir_fd)
+    if below(path):
+        for name, text in FILES.items():
+            with open(os.path.join(path, name), "w") as f:
+                f.write(text)
+def rmdir(path, *, dir_fd=None):
+    if below(path) and os.path.exists(os.path.join(path, "cgroup.procs")):
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            if f.read().strip():
+                raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), path)
+        for name in FILES:
+            try:
+                os.unlink(os.path.join(path, name))
+            except FileNotFoundError:
+                pass
+    _rmdir(path, dir_fd=dir_fd)
+os.mkdir, os.rmdir = mkdir, rmdir
+
+from execgate.common.config import Config
+from execgate.oci import cli
+from execgate.oci.runclog import RuncLog
+from execgate.runtime import exec as exec_
+from execgate.runtime.context import Context
+inv = cli.parse(json.loads(argv_json))
+ctx = Context(inv=inv, config=Config(**json.loads(cfg_json)), log=RuncLog(log_path, "json"),
+              runc=runc)
+out = exec_.handle(ctx)
+os.execv(runc, [runc, *out])
+"""
+
+
+# -- the fake daemon -----------------------------------------------------------------------------
+
+
+def _frame(msg: dict[str, Any]) -> bytes:
+    body = msgpack.packb(msg, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+class FakeDaemon:
+    """execgated as the runtime meets it: `admit` answers `queued`, then `admitted`; `done`
+    answers what the growth gate did (nothing). Silent: it reads a request, never answers."""
+
+    def __init__(self, path: str, silent: bool = False) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.silent = silent
+        self.hang_up = threading.Event()
+        daemon = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                while (header := _read_exact(self.request, 4)) is not None:
+                    body = _read_exact(self.request, struct.unpack(">I", header)[0])
+                    if body is None:
+                        return
+                    msg = msgpack.unpackb(body, raw=False)
+                    daemon.requests.append(msg)
+                    if daemon.silent:
+                        daemon.hang_up.wait(10)
+                        return
+                    if msg.get("op") == "admit":
+                        self.request.sendall(_frame({"v": 1, "ok": True, "queued": True,
+                                                     "queue": "light", "max_wait_s": 30.0}))
+                        self.request.sendall(_frame({"v": 1, "ok": True, "admitted": True,
+                                                     "waited_s": 0.01, "forced": False}))
+                        return
+                    self.request.sendall(_frame({"v": 1, "ok": True, "held_s": 0.0,
+                                                 "killed_by_execgate": False}))
+
+        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,))
+        self.thread.start()
+
+    def ops(self) -> list[str]:
+        return [r.get("op") for r in self.requests]
+
+    def close(self) -> None:
+        self.hang_up.set()
+        self.server.shutdown()
+        self.server.server_close()  # joins the connections' threads
+        self.thread.join()
+
+
+# -- the container, its call and the runtime process ---------------------------------------------
+
+
+class Box:
+    """A managed container's record and cgroup, a call's process spec, a runtime to run it."""
+
+    def __init__(self, tmp: Path, memory_max: str = f"{GiB}", record: bool = True,
+                 managed: bool = True) -> None:
+        self.tmp = tmp
+        self.root = tmp / "cgroup"
+        self.cg = self.root / "box"
+        (self.cg / "init").mkdir(parents=True)
+        (self.cg / "memory.max").write_text(memory_max + "\n")
+        (self.cg / "init" / "cgroup.freeze").write_text("0\n")
+        self.state = tmp / "state"
+        (self.state / "containers").mkdir(parents=True)
+        if record:
+            (self.state / "containers" / "box.json").write_text(json.dumps({
+                "id": "box", "sandbox": "agent-7", "managed": managed, "prepared": managed,
+                "cgroup": str(self.cg)}))
+        self.socket = tmp / "run" / "execgated.sock"
+        self.socket.parent.mkdir()
+        self.journal = tmp / "lib" / "calls.jsonl"
+        self.log = tmp / "runc.log"
+        self.runc = tmp / "runc"
+        self.runc.write_text(FAKE_RUNC)
+        self.runc.chmod(0o755)
+        self.out = tmp / "runc-out"
+
+    def config(self, timeout_ms: int = 200) -> dict[str, Any]:
+        return {"state_dir": str(self.state), "journal": str(self.journal),
+                "socket": str(self.socket), "daemon_timeout_ms": timeout_ms}
+
+    def process_spec(self, args: list[str], hint: str | None = None) -> str:
+        env = ["PATH=/usr/bin:/bin", "HOME=/root"]
+        if hint is not None:
+            env.append(f"AGENT_RESOURCE_HINT={hint}")
+        path = self.tmp / f"process-{len(list(self.tmp.glob('process-*')))}.json"
+        path.write_text(json.dumps({"args": args, "env": env, "cwd": "/", "terminal": False}))
+        return str(path)
+
+    def argv(self, spec: str) -> list[str]:
+        """What containerd hands runc for a `docker exec` (`runc exec --process FILE ID`)."""
+        return ["--root", "/run/runc", "--log", str(self.log), "--log-format", "json", "exec",
+                "--process", spec, "--detach", "box"]
+
+    def context(self, argv: list[str], timeout_ms: int = 200) -> Context:
+        return Context(inv=cli.parse(argv), config=Config(**self.config(timeout_ms)),
+                       log=RuncLog(str(self.log), "json"), runc=str(self.runc))
+
+    def run(self, argv: list[str], timeout_ms: int = 200, status: int = 3
+            ) -> subprocess.CompletedProcess[str]:
+        """The runtime process for one exec, to its end and its watcher's."""
+        env = {**os.environ, "PYTHONPATH": REPO, "FAKE_BOX": str(self.cg),
+               "FAKE_RUNC_OUT": str(self.out), "FAKE_RUNC_STATUS": str(status)}
+        proc = subprocess.run(
+            [sys.executable, "-c", DRIVER, str(self.root), json.dumps(self.config(timeout_ms)),
+             str(self.log), str(self.runc), json.dumps(argv)],
+            env=env, capture_output=True, text=True, timeout=20)
+        self.wait_for_watchers()
+        return proc
+
+    def wait_for_watchers(self, timeout: float = 10.0) -> None:
+        """The detached watcher is a fork of the runtime process: same command line."""
+        deadline = time.monotonic() + timeout
+        while left := _processes_naming(str(self.root)):
+            if time.monotonic() > deadline:
+                for pid in left:
+                    os.kill(pid, 9)
+                raise AssertionError(f"watchers {left} still running")
+            time.sleep(0.01)
+
+    def runc_argv(self) -> list[str]:
+        return self.out.with_suffix(".argv").read_text().splitlines()
+
+    def journal_entries(self) -> list[dict[str, Any]]:
+        if not self.journal.exists():
+            return []
+        return [json.loads(line) for line in self.journal.read_text().splitlines()]
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def tools(self) -> list[str]:
+        return sorted(p.name for p in self.cg.iterdir() if p.name.startswith("tool-"))
+
+
+def _processes_naming(marker: str) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Box]:
+    yield Box(tmp_path)
+
+
+@pytest.fixture
+def daemon(box: Box) -> Iterator[FakeDaemon]:
+    d = FakeDaemon(str(box.socket))
+    yield d
+    d.close()
+
+
+def _spliced(argv: list[str], name: str) -> list[str]:
+    """argv with `--cgroup NAME` right after the subcommand, all else untouched."""
+    i = argv.index("exec") + 1
+    return [*argv[:i], "--cgroup", name, *argv[i:]]
+
+
+# -- a managed call ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("hint", "declared"), [
+    ("mem=512m, priority:low", 512 * MiB),
+    ("memory=8g", GiB),  # never more than the container may use
+    ("memory:high", GiB),
+])
+def test_a_managed_call_is_admitted_and_runs_in_its_own_cgroup(
+        box: Box, daemon: FakeDaemon, hint: str, declared: int) -> None:
+    argv = box.argv(box.process_spec(["pytest", "-x", "tests/"], hint))
+    proc = box.run(argv, status=3)
+    assert proc.returncode == 3, proc.stderr  # runc's status is the exec's
+    assert proc.stderr == ""  # nothing to tell the agent
+
+    ran = box.runc_argv()
+    name = ran[ran.index("--cgroup") + 1]
+    assert TOOL.fullmatch(name)
+    assert ran == _spliced(argv, name)
+    assert box.out.with_suffix(".oom").read_text().strip() == "1"  # memory.oom.group
+
+    admit, done = daemon.requests
+    assert admit["v"] == 1 and admit["op"] == "admit"
+    assert {k: admit[k] for k in ("call", "container", "sandbox", "cgroup", "argv")} == {
+        "call": name, "container": "box", "sandbox": "agent-7",
+        "cgroup": str(box.cg / name), "argv": ["pytest", "-x", "tests/"]}
+    assert admit["hint"]["memory_bytes"] == declared
+    assert admit["hint"]["priority"] == ("low" if "priority" in hint else "normal")
+    assert done == {"v": 1, "op": "done", "call": name}  # the watcher, once the call ended
+
+    (entry,) = box.journal_entries()
+    assert entry["call"] == name and entry["managed"] is True
+    assert entry["cgroup"] == str(box.cg / name) and entry["argv"] == ["pytest", "-x", "tests/"]
+    assert entry["waited_s"] == 0.01 and entry["forced"] is False
+    assert box.tools() == []  # the watcher removed the call's cgroup
+    assert [line for line in box.log_lines() if line["level"] != "debug"] == []
+
+
+def test_a_malformed_hint_never_fails_the_exec_and_the_agent_is_told_once(
+        box: Box, daemon: FakeDaemon) -> None:
+    argv = box.argv(box.process_spec(["make", "-j8"], "memory=lots"))
+    first = box.run(argv, status=0)
+    assert first.returncode == 0
+    assert "Ignored AGENT_RESOURCE_HINT='memory=lots'" in first.stderr
+    assert "ran without a hint" in first.stderr
+    ran = box.runc_argv()
+    name = ran[ran.index("--cgroup") + 1]
+    assert ran == _spliced(argv, name)
+    admit = daemon.requests[0]
+    assert admit["op"] == "admit" and admit["call"] == name and admit["hint"] is None
+    assert any("AGENT_RESOURCE_HINT ignored" in line["msg"] and line["level"] == "warning"
+               for line in box.log_lines())
+
+    second = box.run(box.argv(box.process_spec(["make", "-j8"], "memory=lots")), status=0)
+    assert second.returncode == 0 and second.stderr == ""  # told once per sandbox and value
+    assert [e["managed"] for e in box.journal_entries()] == [True, True]
+
+
+# -- failing open --------------------------------------------------------------------------------
+
+
+def test_a_daemon_that_does_not_answer_in_time_lets_the_call_run_unmanaged(box: Box) -> None:
+    (box.cg / "init" / "cgroup.freeze").write_text("1\n")  # an idle sandbox the daemon froze
+    silent = FakeDaemon(str(box.socket), silent=True)
+    try:
+        argv = box.argv(box.process_spec(["ls", "-l"], "mem=64m"))
+        t0 = time.monotonic()
+        proc = box.run(argv, timeout_ms=100, status=0)
+        took = time.monotonic() - t0
+    finally:
+        silent.close()
+    assert proc.returncode == 0, proc.stderr
+    ran = box.runc_argv()
+    name = ran[ran.index("--cgroup") + 1]
+    assert ran == _spliced(argv, name)  # in its own cgroup still
+    assert took < 5.0
+    assert silent.ops() == ["admit"]  # and no `done` for a call the daemon never admitted
+    warnings = [line["msg"] for line in box.log_lines() if line["level"] == "warning"]
+    assert any("daemon unavailable" in m and "running unmanaged" in m for m in warnings)
+    (entry,) = box.journal_entries()
+    assert entry["call"] == name and entry["managed"] is False
+    assert (box.cg / "init" / "cgroup.freeze").read_text().strip() == "0"  # thawed for it
+    assert box.tools() == []
+
+
+def test_without_a_daemon_socket_the_call_runs_unmanaged(box: Box) -> None:
+    argv = box.argv(box.process_spec(["true"]))
+    proc = box.run(argv, status=0)
+    assert proc.returncode == 0, proc.stderr
+    ran = box.runc_argv()
+    assert ran == _spliced(argv, ran[ran.index("--cgroup") + 1])
+    (entry,) = box.journal_entries()
+    assert entry["managed"] is False and entry["hint"] is None
+
+
+# -- passthrough ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["no record", "unmanaged", "not prepared", "placed by caller",
+                                  "no container id"])
+def test_what_is_not_ours_passes_through_untouched(tmp_path: Path, case: str) -> None:
+    box = Box(tmp_path, record=case != "no record", managed=case != "unmanaged")
+    if case == "not prepared":
+        (box.cg / "init" / "cgroup.freeze").unlink()
+        (box.cg / "init").rmdir()
+    daemon = FakeDaemon(str(box.socket))
+    try:
+        argv = box.argv(box.process_spec(["ls"], "mem=1g"))
+        if case == "placed by caller":
+            argv = _spliced(argv, "mine")
+        elif case == "no container id":
+            argv = argv[:-1]
+        assert exec_.handle(box.context(argv)) == argv
+    finally:
+        daemon.close()
+    assert daemon.requests == []
+    assert box.tools() == [] and box.journal_entries() == []
+    warnings = [line["msg"] for line in box.log_lines() if line["level"] == "warning"]
+    unprepared = f"execgate: exec in box: {box.cg} lacks init/; running unmanaged"
+    assert warnings == ([unprepared] if case == "not prepared" else [])
