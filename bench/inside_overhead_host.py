@@ -1,6 +1,6 @@
 """What following an inside agent costs it on real hardware: the daemon's event path, no VM.
 
-    sudo .venv/bin/python bench/inside_overhead_host.py [--n 1000] [--rounds 5]
+    sudo .venv/bin/python -m bench.inside_overhead_host [--n 1000] [--rounds 5]
         [--place-after 0,5] [--sources connector,bpf] [--command /bin/true]
 
 The test VM's figure (`inside_overhead.py`) is dominated by emulation: under single-threaded
