@@ -1,0 +1,378 @@
+"""Admission of whole sandboxes by memory (issue 15 §1).
+
+Admitting tool calls is not enough: at 8.6x the sweep's sandboxes started on arrival and their
+baselines alone were twice the budget, so the domain was red before any call ran and the calls
+waited out their bounded wait to be forced into a full host. A new sandbox therefore waits in
+the runtime's `create` (nothing in its cgroup yet) until
+
+    pinned + baseline(new) + max(next-call peak over live sandboxes and the new one) <= budget - S
+
+pinned: memory that cannot be pushed out — running calls' charges, active sandboxes' resident
+memory, idle sandboxes' resident memory less what they can give back, sandboxes admitted but
+not yet at their baseline at their predicted baseline. The max term keeps room for one call, so
+at least one call can always run: admitting a sandbox never leaves the others unable to work.
+
+* Baselines are learned per image from finished sandboxes (`BaselineModel`): a high quantile of
+  the last few observed baselines (an under-estimate costs OOM kills, an over-estimate a wait),
+  a configured default before any history. Bounded: a window per image, a cap on images.
+* FIFO, oldest first, no bypass: a later small sandbox does not overtake an older waiting one.
+  Letting it would keep the room an older, larger sandbox waits for always just too small
+  (starvation), and agents started first would finish last (unfair). The wait is bounded anyway,
+  so strict order costs at most `max_start_wait_s`.
+* A sandbox is always admitted when nothing is live: alone it can only hurt itself.
+* Bounded wait: moby and containerd put no deadline on a runtime's create, so the bound is the
+  caller's patience; after `max_start_wait_s` (default 100 s, below kubelet's 2-minute runtime
+  request timeout) the start goes ahead (fail open) with verdict FAIL_OPEN, for the daemon to log
+  and count.
+
+What the daemon passes in: `submit(SandboxRequest)` when a create asks; every control period
+(and after submit/settled/finished) `step(DomainSnapshot)` with the budget, S
+(`PressureReading.safety_margin`), the live sandboxes (`headroom.LiveSandbox`) and running
+calls' charges; `settled(id)` when a started sandbox has reached its baseline (its first tool
+call); `finished(id, image, baseline_bytes)` when a sandbox is removed; `cancel(id)` when a
+create gave up or failed. What it gets back: from `step`, one `SandboxDecision` per queued
+sandbox (ADMITTED / FAIL_OPEN: let the create go on; WAITING: keep holding it), each with its
+reason; `snapshot()` for `execgatectl status`.
+
+Pure and deterministic: no I/O, time from the injected clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from execgate.policy.headroom import LiveSandbox
+from execgate.policy.pressure import fmt_bytes
+
+
+@dataclass(frozen=True)
+class SandboxAdmissionConfig:
+    """[sandbox_admission] in config.toml, when wired."""
+
+    # False admits every create at once (the -nosandboxadmit ablation).
+    enabled: bool = True
+    # Predicted baseline (memory outside tool calls) of an image with no finished sandbox yet.
+    default_baseline_bytes: int = 256 << 20  # 256 MiB (1 << 20 = 1 MiB)
+    # Predicted next-call peak of a new sandbox when neither the request nor history says;
+    # the same as the call estimator's default for an unclassified command.
+    default_call_peak_bytes: int = 256 << 20  # 256 MiB
+    # The baseline predicted from history is this quantile (nearest rank) of the window.
+    baseline_quantile: float = 0.9
+    # Finished sandboxes remembered per image, and images remembered (least recently used go).
+    history_window: int = 16
+    max_images: int = 256
+    # A create waits at most this long, then goes ahead (fail open); below kubelet's 120 s.
+    max_start_wait_s: float = 100.0
+    # An admitted sandbox counts at least its predicted baseline until `settled` or this long.
+    settle_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.default_baseline_bytes < 0 or self.default_call_peak_bytes < 0:
+            raise ValueError("default_baseline_bytes and default_call_peak_bytes must be >= 0")
+        if not 0 < self.baseline_quantile <= 1:
+            raise ValueError("baseline_quantile must be in (0, 1]")
+        if self.history_window < 1 or self.max_images < 1:
+            raise ValueError("history_window and max_images must be >= 1")
+        if self.max_start_wait_s < 0 or self.settle_s < 0:
+            raise ValueError("max_start_wait_s and settle_s must be >= 0")
+
+
+def high_quantile(values: Sequence[int], q: float) -> int:
+    """Nearest-rank q-quantile: an observed value, never an interpolation below the top ones."""
+    ordered = sorted(values)
+    return ordered[min(max(math.ceil(q * len(ordered)), 1), len(ordered)) - 1]
+
+
+@dataclass(frozen=True)
+class BaselinePrediction:
+    """A new sandbox's predicted baseline and next-call peak; `source` says where from."""
+
+    baseline_bytes: int
+    call_peak_bytes: int
+    source: str
+
+
+@dataclass
+class _ImageHistory:
+    baselines: deque[int]
+    call_peaks: deque[int]
+
+
+class BaselineModel:
+    """Per-image history of finished sandboxes' baselines (and largest call peaks)."""
+
+    def __init__(self, config: SandboxAdmissionConfig) -> None:
+        self.config = config
+        self._images: OrderedDict[str, _ImageHistory] = OrderedDict()
+
+    def observe(self, image: str, baseline_bytes: int, call_peak_bytes: int | None = None) -> None:
+        """A sandbox of `image` finished: its baseline (memory outside tool calls at its largest,
+        e.g. its init leaf's memory.peak) and, if it ran calls, the largest call peak."""
+        cfg = self.config
+        hist = self._images.get(image)
+        if hist is None:
+            n = cfg.history_window
+            hist = self._images[image] = _ImageHistory(deque(maxlen=n), deque(maxlen=n))
+        self._images.move_to_end(image)
+        hist.baselines.append(max(baseline_bytes, 0))
+        if call_peak_bytes is not None:
+            hist.call_peaks.append(max(call_peak_bytes, 0))
+        while len(self._images) > cfg.max_images:
+            self._images.popitem(last=False)
+
+    def predict(self, image: str, call_peak_bytes: int | None = None) -> BaselinePrediction:
+        """History of the image, else the configured defaults. call_peak_bytes: the request's
+        own prediction of its first call's peak, which wins over history."""
+        cfg = self.config
+        hist = self._images.get(image)
+        if hist is None or not hist.baselines:
+            peak = cfg.default_call_peak_bytes if call_peak_bytes is None else call_peak_bytes
+            return BaselinePrediction(cfg.default_baseline_bytes, peak, "default")
+        q = cfg.baseline_quantile
+        if call_peak_bytes is None:
+            call_peak_bytes = (high_quantile(hist.call_peaks, q) if hist.call_peaks
+                               else cfg.default_call_peak_bytes)
+        return BaselinePrediction(high_quantile(hist.baselines, q), call_peak_bytes,
+                                  f"image-history ({len(hist.baselines)} finished)")
+
+    def snapshot(self) -> dict[str, Any]:
+        return {image: {"finished": len(h.baselines),
+                        "baseline_bytes": self.predict(image).baseline_bytes}
+                for image, h in self._images.items()}
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """A managed container's create, asking to start."""
+
+    sandbox_id: str
+    image: str
+    # Predicted peak of its first tool call, if the caller knows (a declaration); else learned.
+    call_peak_bytes: int | None = None
+    # Arrival on the admission clock; None lets submit stamp it.
+    arrival: float | None = None
+
+
+@dataclass(frozen=True)
+class DomainSnapshot:
+    """The domain as the daemon sees it this period.
+
+    margin_bytes: S (`PressureReading.safety_margin`). running_call_bytes: one entry per
+    running tool call, its charge (the daemon may pass max(charge, current bytes)).
+    other_bytes: memory in the domain outside live sandboxes that cannot be pushed out
+    (0 for a cgroup domain that holds only sandboxes)."""
+
+    budget_bytes: int
+    margin_bytes: int
+    sandboxes: Sequence[LiveSandbox] = ()
+    running_call_bytes: Sequence[int] = ()
+    other_bytes: int = 0
+
+    @property
+    def room_bytes(self) -> int:
+        """budget − S: what sandboxes and calls may hold."""
+        return max(self.budget_bytes - self.margin_bytes, 0)
+
+
+class Verdict(enum.StrEnum):
+    ADMITTED = "admitted"  # it fits (or nothing is live): start it
+    WAITING = "waiting"  # keep holding the create
+    FAIL_OPEN = "fail-open"  # waited max_start_wait_s: start it anyway, log and count it
+
+
+@dataclass(frozen=True)
+class SandboxDecision:
+    """One queued sandbox's verdict this step, with the numbers behind it."""
+
+    sandbox_id: str
+    verdict: Verdict
+    waited_s: float
+    need_bytes: int  # pinned + baseline + one call
+    room_bytes: int  # budget − S
+    baseline_bytes: int
+    call_peak_bytes: int  # the one-call term: the largest next-call peak, the new one's included
+    reason: str
+
+    @property
+    def start(self) -> bool:
+        """The create may go on."""
+        return self.verdict is not Verdict.WAITING
+
+    @property
+    def short_bytes(self) -> int:
+        return max(self.need_bytes - self.room_bytes, 0)
+
+
+@dataclass(frozen=True)
+class SandboxTicket:
+    """Receipt of a submitted create: what it is predicted to need and by when it starts."""
+
+    sandbox_id: str
+    prediction: BaselinePrediction
+    arrival: float
+    deadline: float  # arrival + max_start_wait_s: it starts by then, fitting or not
+
+
+@dataclass
+class _Queued:
+    request: SandboxRequest
+    prediction: BaselinePrediction
+    arrival: float
+    seq: int
+    reason: str = "not yet considered"
+
+
+@dataclass
+class _Starting:
+    prediction: BaselinePrediction
+    admitted_at: float
+
+
+class SandboxAdmission:
+    """FIFO queue of sandbox creates, admitted by memory with a bounded wait."""
+
+    def __init__(self, config: SandboxAdmissionConfig, clock: Callable[[], float],
+                 baselines: BaselineModel | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.model = BaselineModel(config) if baselines is None else baselines
+        self._queue: dict[str, _Queued] = {}
+        self._starting: dict[str, _Starting] = {}
+        self._seq = 0
+        self._totals = {Verdict.ADMITTED.value: 0, Verdict.FAIL_OPEN.value: 0}
+
+    # -- the daemon's calls ------------------------------------------------------------------
+
+    def submit(self, request: SandboxRequest) -> SandboxTicket:
+        """Queue a create; a later `step` decides it."""
+        sid = request.sandbox_id
+        if sid in self._queue or sid in self._starting:
+            raise ValueError(f"sandbox {sid!r} already submitted")
+        arrival = self.clock() if request.arrival is None else request.arrival
+        prediction = self.model.predict(request.image, request.call_peak_bytes)
+        self._queue[sid] = _Queued(request, prediction, arrival, self._seq)
+        self._seq += 1
+        return SandboxTicket(sid, prediction, arrival, arrival + self.config.max_start_wait_s)
+
+    def cancel(self, sandbox_id: str) -> bool:
+        """The create gave up (its caller went away) or failed: forget it."""
+        queued = self._queue.pop(sandbox_id, None)
+        started = self._starting.pop(sandbox_id, None)
+        return queued is not None or started is not None
+
+    def settled(self, sandbox_id: str) -> None:
+        """The sandbox reached its baseline (its first tool call came): its resident bytes in
+        the snapshot now say what it holds, the prediction need not be counted any more."""
+        self._starting.pop(sandbox_id, None)
+
+    def finished(self, sandbox_id: str, image: str, baseline_bytes: int | None,
+                 call_peak_bytes: int | None = None) -> None:
+        """The sandbox was removed; learn its image's baseline (None: not measured)."""
+        self._queue.pop(sandbox_id, None)
+        self._starting.pop(sandbox_id, None)
+        if baseline_bytes is not None:
+            self.model.observe(image, baseline_bytes, call_peak_bytes)
+
+    def step(self, snap: DomainSnapshot) -> list[SandboxDecision]:
+        """Decide every queued create, oldest first; started ones leave the queue."""
+        now = self.clock()
+        cfg = self.config
+        self._starting = {sid: s for sid, s in self._starting.items()
+                          if now - s.admitted_at < cfg.settle_s}
+        pinned, peaks = self._pinned(snap)
+        empty = not snap.sandboxes and not self._starting
+        room = snap.room_bytes
+        decisions: list[SandboxDecision] = []
+        ahead: str | None = None  # the oldest sandbox still waiting
+        for entry in sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq)):
+            sid, pred = entry.request.sandbox_id, entry.prediction
+            peak, peak_of = max([*peaks, (pred.call_peak_bytes, sid)])
+            need = pinned + pred.baseline_bytes + peak
+            waited = max(now - entry.arrival, 0.0)
+            terms = (f"pinned {fmt_bytes(pinned)} + baseline {fmt_bytes(pred.baseline_bytes)}"
+                     f" ({pred.source}) + one call {fmt_bytes(peak)} (next peak of {peak_of})"
+                     f" = {fmt_bytes(need)}")
+            within = f"budget - S {fmt_bytes(room)}"
+            if not cfg.enabled:
+                verdict, reason = Verdict.ADMITTED, "admitted: sandbox admission is off"
+            elif ahead is None and empty:
+                verdict, reason = Verdict.ADMITTED, f"admitted: nothing live; {terms}"
+            elif ahead is None and need <= room:
+                verdict, reason = Verdict.ADMITTED, f"admitted: {terms} <= {within}"
+            elif waited >= cfg.max_start_wait_s:
+                verdict = Verdict.FAIL_OPEN
+                reason = (f"fail open: waited {waited:.1f} s >= max_start_wait_s "
+                          f"{cfg.max_start_wait_s:g} s; {terms} vs {within}")
+            else:
+                verdict = Verdict.WAITING
+                if ahead is not None:
+                    why = f"behind {ahead}, which came first (first in, first out); {terms}"
+                else:
+                    why = f"{terms} > {within}, short {fmt_bytes(need - room)}"
+                reason = f"waiting {waited:.1f} s of {cfg.max_start_wait_s:g} s: {why}"
+            entry.reason = reason
+            decisions.append(SandboxDecision(sid, verdict, waited, need, room,
+                                             pred.baseline_bytes, peak, reason))
+            if verdict is Verdict.WAITING:
+                ahead = ahead or sid
+                continue
+            del self._queue[sid]
+            self._starting[sid] = _Starting(pred, now)
+            self._totals[verdict.value] += 1
+            pinned += pred.baseline_bytes
+            peaks.append((pred.call_peak_bytes, sid))
+            empty = False
+        return decisions
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-ready view for `execgatectl status`: waiting creates (oldest first, with why),
+        started sandboxes not yet at their baseline, totals, learned baselines."""
+        now = self.clock()
+        wait = self.config.max_start_wait_s
+        return {
+            "max_start_wait_s": wait,
+            "waiting": [
+                {"sandbox_id": e.request.sandbox_id, "image": e.request.image,
+                 "waited_s": max(now - e.arrival, 0.0), "deadline": e.arrival + wait,
+                 "baseline_bytes": e.prediction.baseline_bytes,
+                 "call_peak_bytes": e.prediction.call_peak_bytes,
+                 "source": e.prediction.source, "reason": e.reason}
+                for e in sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq))
+            ],
+            "starting": [
+                {"sandbox_id": sid, "baseline_bytes": s.prediction.baseline_bytes,
+                 "admitted_at": s.admitted_at}
+                for sid, s in self._starting.items()
+            ],
+            "totals": dict(self._totals),
+            "images": self.model.snapshot(),
+        }
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _pinned(self, snap: DomainSnapshot) -> tuple[int, list[tuple[int, str]]]:
+        """Bytes that cannot be pushed out, and every live sandbox's (next-call peak, id).
+        A sandbox admitted but not settled counts at least its predicted baseline and peak,
+        whether or not the snapshot shows it yet."""
+        pinned = max(snap.other_bytes, 0) + sum(max(c, 0) for c in snap.running_call_bytes)
+        peaks: list[tuple[int, str]] = []
+        seen: set[str] = set()
+        for box in snap.sandboxes:
+            seen.add(box.sandbox_id)
+            start = self._starting.get(box.sandbox_id)
+            held, peak = box.pinned_bytes, box.next_call_peak_bytes
+            if start is not None:
+                held = max(held, start.prediction.baseline_bytes)
+                peak = max(peak, start.prediction.call_peak_bytes)
+            pinned += held
+            peaks.append((peak, box.sandbox_id))
+        for sid, start in self._starting.items():
+            if sid not in seen:
+                pinned += start.prediction.baseline_bytes
+                peaks.append((start.prediction.call_peak_bytes, sid))
+        return pinned, peaks

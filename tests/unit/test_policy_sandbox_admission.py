@@ -1,0 +1,246 @@
+"""Sandbox admission: a create starts when pinned memory + its baseline + one call fits budget − S;
+FIFO, always when nothing is live, fail open after max_start_wait_s; baselines learned per image."""
+
+from __future__ import annotations
+
+import pytest
+
+from execgate.policy.headroom import LiveSandbox
+from execgate.policy.sandbox_admission import (
+    BaselineModel,
+    DomainSnapshot,
+    SandboxAdmission,
+    SandboxAdmissionConfig,
+    SandboxRequest,
+    Verdict,
+    high_quantile,
+)
+
+MiB = 1 << 20
+GiB = 1 << 30
+CFG = SandboxAdmissionConfig(default_baseline_bytes=256 * MiB, default_call_peak_bytes=256 * MiB,
+                             max_start_wait_s=100.0, settle_s=60.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(cfg: SandboxAdmissionConfig = CFG) -> tuple[SandboxAdmission, Clock]:
+    clock = Clock()
+    return SandboxAdmission(cfg, clock), clock
+
+
+def snap(*boxes: LiveSandbox, budget: int = 2 * GiB, margin: int = 0,
+         calls: tuple[int, ...] = (), other: int = 0) -> DomainSnapshot:
+    return DomainSnapshot(budget, margin, boxes, calls, other)
+
+
+def active(sid: str, resident: int, peak: int = 256 * MiB) -> LiveSandbox:
+    return LiveSandbox(sid, resident, 0, None, peak)
+
+
+def one(adm: SandboxAdmission, s: DomainSnapshot) -> dict[str, Verdict]:
+    return {d.sandbox_id: d.verdict for d in adm.step(s)}
+
+
+def test_admits_when_pinned_plus_baseline_plus_one_call_fits_budget_minus_margin() -> None:
+    adm, _ = make()
+    adm.submit(SandboxRequest("new", "py"))
+    # 1 GiB pinned + 256 MiB baseline + 256 MiB call = 1.5 GiB <= 2 GiB − 512 MiB
+    [d] = adm.step(snap(active("a", 1 * GiB), margin=512 * MiB))
+    assert d.verdict is Verdict.ADMITTED and d.start
+    assert (d.need_bytes, d.room_bytes, d.short_bytes) == (1536 * MiB, 1536 * MiB, 0)
+    assert "admitted" in d.reason and "budget - S" in d.reason
+
+
+def test_waits_when_it_does_not_fit_and_says_by_how_much() -> None:
+    adm, clock = make()
+    adm.submit(SandboxRequest("new", "py"))
+    clock.t += 5
+    [d] = adm.step(snap(active("a", 1 * GiB), margin=600 * MiB))
+    assert d.verdict is Verdict.WAITING and not d.start
+    assert d.short_bytes == 88 * MiB
+    assert d.reason.startswith("waiting 5.0 s of 100 s") and "short 88 MiB" in d.reason
+    # still queued, and status shows why
+    [w] = adm.snapshot()["waiting"]
+    assert w["sandbox_id"] == "new" and w["reason"] == d.reason
+
+
+def test_one_call_term_is_the_largest_next_call_peak_including_the_new_sandbox() -> None:
+    adm, _ = make()
+    adm.submit(SandboxRequest("new", "py", call_peak_bytes=100 * MiB))
+    # a's next call may peak at 700 MiB: 768 + 256 + 700 = 1724 MiB > 1.5 GiB room
+    [d] = adm.step(snap(active("a", 768 * MiB, peak=700 * MiB), margin=512 * MiB))
+    assert d.verdict is Verdict.WAITING and d.call_peak_bytes == 700 * MiB
+    assert "next peak of a" in d.reason
+    # the new sandbox's own first call counts too
+    adm2, _ = make()
+    adm2.submit(SandboxRequest("big", "py", call_peak_bytes=900 * MiB))
+    [d2] = adm2.step(snap(active("a", 512 * MiB, peak=100 * MiB), margin=512 * MiB))
+    assert d2.verdict is Verdict.WAITING and d2.call_peak_bytes == 900 * MiB
+
+
+def test_pinned_counts_running_calls_active_sandboxes_and_idle_ones_less_reclaimable() -> None:
+    adm, _ = make()
+    adm.submit(SandboxRequest("new", "py"))
+    idle = LiveSandbox("idle", 600 * MiB, reclaimable_bytes=500 * MiB, idle_s=30.0)
+    busy = LiveSandbox("busy", 600 * MiB, reclaimable_bytes=500 * MiB, idle_s=None)
+    # pinned = 100 (idle) + 600 (busy: gives nothing back) + 300 (call) + 24 (other) = 1024 MiB
+    [d] = adm.step(snap(idle, busy, calls=(300 * MiB,), other=24 * MiB))
+    assert d.need_bytes == (1024 + 256 + 256) * MiB and d.verdict is Verdict.ADMITTED
+
+
+def test_always_admits_when_nothing_is_live_but_the_next_one_waits() -> None:
+    adm, _ = make()
+    adm.submit(SandboxRequest("a", "huge", call_peak_bytes=4 * GiB))
+    adm.submit(SandboxRequest("b", "py"))
+    out = adm.step(snap(budget=1 * GiB))
+    assert [d.verdict for d in out] == [Verdict.ADMITTED, Verdict.WAITING]
+    assert "nothing live" in out[0].reason and out[0].short_bytes > 0
+    # a, admitted but not yet in the snapshot, counts at its prediction: b still waits
+    assert one(adm, snap(budget=1 * GiB)) == {"b": Verdict.WAITING}
+
+
+def test_fifo_a_later_small_sandbox_does_not_overtake_an_older_waiting_one() -> None:
+    adm, clock = make()
+    adm.submit(SandboxRequest("big", "py", call_peak_bytes=1 * GiB))
+    clock.t += 1
+    adm.submit(SandboxRequest("small", "py", call_peak_bytes=1 * MiB))
+    s = snap(active("a", 1 * GiB, peak=1 * MiB))
+    out = adm.step(s)
+    assert [(d.sandbox_id, d.verdict) for d in out] == [
+        ("big", Verdict.WAITING), ("small", Verdict.WAITING)]
+    assert "behind big" in out[1].reason
+    # once big fits, both go, oldest first, each counting the one admitted before it
+    out = adm.step(snap(active("a", 256 * MiB, peak=1 * MiB), budget=3 * GiB))
+    assert [(d.sandbox_id, d.verdict) for d in out] == [
+        ("big", Verdict.ADMITTED), ("small", Verdict.ADMITTED)]
+    assert out[1].need_bytes == (256 + 256 + 256) * MiB + 1 * GiB
+
+
+def test_admitting_several_in_one_step_stops_when_the_room_is_used() -> None:
+    adm, clock = make()
+    for sid in "abcd":
+        adm.submit(SandboxRequest(sid, "py"))
+        clock.t += 1
+    # room 1.5 GiB: a (512 + 256) ... each adds 256 MiB of baseline, the call term stays 256
+    out = one(adm, snap(active("x", 512 * MiB), budget=1536 * MiB))
+    assert out == {"a": Verdict.ADMITTED, "b": Verdict.ADMITTED, "c": Verdict.ADMITTED,
+                   "d": Verdict.WAITING}
+
+
+def test_fail_open_after_max_start_wait_with_the_reason_and_a_count() -> None:
+    adm, clock = make()
+    ticket = adm.submit(SandboxRequest("new", "py"))
+    assert ticket.deadline == ticket.arrival + 100.0
+    full = snap(active("a", 2 * GiB))
+    clock.t += 99.9
+    assert one(adm, full) == {"new": Verdict.WAITING}
+    clock.t += 0.1
+    [d] = adm.step(full)
+    assert d.verdict is Verdict.FAIL_OPEN and d.start
+    assert d.reason.startswith("fail open: waited 100.0 s >= max_start_wait_s 100 s")
+    status = adm.snapshot()
+    assert status["waiting"] == [] and status["totals"] == {"admitted": 0, "fail-open": 1}
+    # it is live now: it counts against the next one
+    adm.submit(SandboxRequest("next", "py"))
+    [n] = adm.step(snap(budget=600 * MiB))
+    assert n.verdict is Verdict.WAITING and n.need_bytes == (256 + 256 + 256) * MiB
+
+
+def test_default_wait_is_below_kubelets_runtime_request_timeout() -> None:
+    assert SandboxAdmissionConfig().max_start_wait_s < 120.0
+
+
+def test_an_admitted_sandbox_counts_its_predicted_baseline_until_settled() -> None:
+    adm, clock = make()
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap())
+    adm.submit(SandboxRequest("b", "py"))
+    # a has started with only 10 MiB so far: it still counts 256 MiB
+    starting = LiveSandbox("a", 10 * MiB, 0, None, 0)
+    [d] = adm.step(snap(starting))
+    assert d.need_bytes == (256 + 256 + 256) * MiB
+    adm.cancel("b")
+    adm.settled("a")
+    adm.submit(SandboxRequest("c", "py"))
+    [d] = adm.step(snap(starting))
+    assert d.need_bytes == (10 + 256 + 256) * MiB
+    # without settled, the reservation lapses after settle_s
+    adm.submit(SandboxRequest("d", "py"))
+    adm.step(snap(budget=8 * GiB))
+    clock.t += 60.0
+    adm.submit(SandboxRequest("e", "py"))
+    assert adm.step(snap(budget=8 * GiB))[0].need_bytes == 512 * MiB
+
+
+def test_cancel_drops_a_waiting_create_and_duplicates_are_refused() -> None:
+    adm, _ = make()
+    adm.submit(SandboxRequest("a", "py"))
+    with pytest.raises(ValueError):
+        adm.submit(SandboxRequest("a", "py"))
+    assert adm.cancel("a") and not adm.cancel("a")
+    assert adm.step(snap()) == []
+
+
+def test_disabled_admits_every_create_at_once() -> None:
+    adm, _ = make(SandboxAdmissionConfig(enabled=False))
+    for sid in "ab":
+        adm.submit(SandboxRequest(sid, "py"))
+    assert one(adm, snap(active("x", 4 * GiB))) == {"a": Verdict.ADMITTED, "b": Verdict.ADMITTED}
+
+
+def test_baseline_default_before_history_then_learned_per_image() -> None:
+    model = BaselineModel(CFG)
+    assert model.predict("py").baseline_bytes == 256 * MiB
+    assert model.predict("py").source == "default"
+    model.observe("py", 400 * MiB, call_peak_bytes=700 * MiB)
+    p = model.predict("py")
+    assert (p.baseline_bytes, p.call_peak_bytes) == (400 * MiB, 700 * MiB)
+    assert p.source == "image-history (1 finished)"
+    assert model.predict("node").baseline_bytes == 256 * MiB  # per image
+    # a declared first-call peak wins over history
+    assert model.predict("py", call_peak_bytes=50 * MiB).call_peak_bytes == 50 * MiB
+
+
+def test_baseline_is_a_high_quantile_of_a_bounded_window() -> None:
+    cfg = SandboxAdmissionConfig(history_window=4, baseline_quantile=0.75)
+    model = BaselineModel(cfg)
+    for mib in (900, 100, 200, 300, 400):  # 900 falls out of the window of 4
+        model.observe("py", mib * MiB)
+    assert model.predict("py").baseline_bytes == 300 * MiB
+    assert model.snapshot()["py"] == {"finished": 4, "baseline_bytes": 300 * MiB}
+    assert high_quantile([5, 1, 3], 1.0) == 5 and high_quantile([5, 1, 3], 0.01) == 1
+
+
+def test_images_are_bounded_least_recently_finished_forgotten_first() -> None:
+    model = BaselineModel(SandboxAdmissionConfig(max_images=2))
+    model.observe("a", 1 * MiB)
+    model.observe("b", 2 * MiB)
+    model.observe("a", 1 * MiB)
+    model.observe("c", 3 * MiB)
+    assert sorted(model.snapshot()) == ["a", "c"]
+
+
+def test_finished_sandboxes_teach_the_next_create_of_their_image() -> None:
+    adm, _ = make()
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap())
+    adm.finished("a", "py", 500 * MiB, call_peak_bytes=300 * MiB)
+    ticket = adm.submit(SandboxRequest("b", "py"))
+    assert ticket.prediction.baseline_bytes == 500 * MiB
+    # 1024 + 500 + 300 MiB > 1.75 GiB: with the defaults (256 + 256) it would have started
+    [d] = adm.step(snap(active("x", 1 * GiB), budget=1792 * MiB))
+    assert d.verdict is Verdict.WAITING and d.need_bytes == (1024 + 500 + 300) * MiB
+
+
+def test_config_rejects_nonsense() -> None:
+    for bad in ({"baseline_quantile": 0}, {"history_window": 0}, {"max_start_wait_s": -1},
+                {"default_baseline_bytes": -1}):
+        with pytest.raises(ValueError):
+            SandboxAdmissionConfig(**bad)
