@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from execgate.bpf import gate
+from execgate.bpf import loader
 from execgate.bpf.syscall import BpfMap, RingBuffer, obj_get, raw_tracepoint_open
 
 SRC = Path(__file__).resolve().with_name("inside.bpf.c")
@@ -125,21 +125,21 @@ class InsideProbe:
             m.close()
 
 
-def build(out_dir: str | os.PathLike[str] = gate.DEFAULT_BUILD_DIR, *, force: bool = False,
+def build(out_dir: str | os.PathLike[str] = loader.DEFAULT_BUILD_DIR, *, force: bool = False,
           timeout: float = 600.0) -> Path:
-    """``inside.bpf.o`` for the running kernel (cached like the gate's; see gate.build)."""
-    return gate.build(out_dir, src=SRC, force=force, timeout=timeout)
+    """``inside.bpf.o`` for the running kernel (cached like the gate's; see loader.build)."""
+    return loader.build(out_dir, src=SRC, force=force, timeout=timeout)
 
 
 def load(obj: str | os.PathLike[str], *, slice_ns: int, bpftool: str = "bpftool",
          timeout: float = 120.0) -> InsideProbe:
-    """Loads, attaches and returns the probe; raises GateUnavailable/GateError/OSError."""
-    gate._ensure_bpffs()
-    pins = tempfile.mkdtemp(prefix="execgate-inside-", dir=gate.BPFFS)
+    """Loads, attaches and returns the probe; raises BpfUnavailable/BpfError/OSError."""
+    loader.ensure_bpffs()
+    pins = tempfile.mkdtemp(prefix="execgate-inside-", dir=loader.BPFFS)
     maps: dict[str, BpfMap] = {}
     links: list[int] = []
     try:
-        gate._run([bpftool, "prog", "loadall", os.fspath(obj), os.path.join(pins, "progs"),
+        loader.run([bpftool, "prog", "loadall", os.fspath(obj), os.path.join(pins, "progs"),
                    "pinmaps", os.path.join(pins, "maps")], timeout=timeout)
         for name in MAPS:
             maps[name] = BpfMap.open(os.path.join(pins, "maps", name))
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description="build or try the inside-agent probe")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build inside.bpf.o for this kernel; prints its path")
-    b.add_argument("out_dir", nargs="?", default=gate.DEFAULT_BUILD_DIR)
+    b.add_argument("out_dir", nargs="?", default=loader.DEFAULT_BUILD_DIR)
     b.add_argument("--force", action="store_true")
     w = sub.add_parser("watch", help="follow one agent's commands, one JSON line per event")
     w.add_argument("pid", type=int)

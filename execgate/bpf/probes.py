@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from execgate.bpf.gate import cgroup_id, find_cgroup, own_cgroup
+from execgate.cgroups.ids import cgroup_id, find_cgroup, own_cgroup
 
 log = logging.getLogger("execgated")
 
@@ -109,7 +109,7 @@ def raw_victim_supported(oom_fields: dict[str, str]) -> bool:
     return "uid" in oom_fields
 
 
-# -- cgroup ids (the id is the inode of the cgroup2 directory: gate.cgroup_id) -----------------
+# -- cgroup ids (the id is the inode of the cgroup2 directory: cgroups/ids.py) -----------------
 
 
 def resolve_cgroup(cid: int, pid: int, known: Callable[[int], str | None] | None = None,

@@ -100,12 +100,12 @@ class GrowthGate:
         if self.mode == "off":
             self.reason = "growth gate off by config"
             return
-        from execgate.bpf import gate as bpfgate
+        from .actuator import recover, select_gate
 
-        log.info("gate recovery: %s", bpfgate.recover())  # what a dead daemon left held
+        log.info("gate recovery: %s", recover())  # what a dead daemon left held
         try:
             prefer = self.mode if self.mode in ("sched_ext", "freeze") else "auto"
-            self.actuator, self.reason = bpfgate.select_gate(
+            self.actuator, self.reason = select_gate(
                 prefer=prefer, hold_cap_s=min(self.config.max_hold_s + 2.0, 25.0))
         except Exception as e:  # noqa: BLE001 - no gate is better than no daemon
             self.actuator, self.reason = None, f"no actuator: {e}"
@@ -125,7 +125,7 @@ class GrowthGate:
         if self.actuator is None or now < self._next_health:
             return
         self._next_health = now + HEALTH_EVERY_S
-        from execgate.bpf import gate as bpfgate
+        from .actuator import FreezeGate, select_gate
 
         if self.actuator.kind != "freeze" and not self.actuator.attached():
             why = self.actuator.exit_reason() or "detached"
@@ -134,7 +134,7 @@ class GrowthGate:
                 self.actuator.unload()  # the dead instance's fds and pins
             except Exception as e:  # noqa: BLE001
                 log.warning("unloading the ejected gate: %s", e)
-            self.actuator = bpfgate.FreezeGate()
+            self.actuator = FreezeGate()
             self.reason = f"cgroup.freeze (sched_ext ejected: {why}; retry in {RELOAD_AFTER_S:g} s)"
             self._ejected_at = now
             for t in self.tracked.values():
@@ -145,7 +145,7 @@ class GrowthGate:
             self._ejected_at = None
             frozen = self.actuator
             try:
-                gate, reason = bpfgate.select_gate(prefer="sched_ext")
+                gate, reason = select_gate(prefer="sched_ext")
             except Exception as e:  # noqa: BLE001
                 self._ejected_at = now
                 log.warning("sched_ext reload failed: %s", e)

@@ -34,6 +34,8 @@ if str(SRC) not in sys.path:
 if str(SRC) not in os.environ.get("PYTHONPATH", "").split(":"):  # and for the commands it runs
     os.environ["PYTHONPATH"] = ":".join(filter(None, (str(SRC), os.environ.get("PYTHONPATH"))))
 
+# Re-exported for the tests (the checkout is on the path from here on).
+from execgate.bpf import gate as gate  # noqa: E402
 
 
 def docker(*args: str, check: bool = True, timeout: float = 120, input: bytes | None = None,
@@ -170,10 +172,10 @@ def memory_domain(containers: Containers, slice_name: str, budget: int, n: int,
     shutil.copy(CONFIG, CONFIG + ".orig")
     # A whole new file: TOML forbids a second [daemon] table. The test bed keeps sched_ext for
     # the tests that ask for it (each load and unload patches kernel text, which TCG can oops on).
-    gate = "" if "gate =" in config else 'gate = "freeze"\n'
-    gate += "" if "probes =" in config else "probes = false\n"  # as the test bed (guest-run.sh)
+    keys = "" if "gate =" in config else 'gate = "freeze"\n'
+    keys += "" if "probes =" in config else "probes = false\n"  # as the test bed (guest-run.sh)
     with open(CONFIG, "w") as f:
-        f.write(f'daemon_timeout_ms = 2000\n\n[daemon]\ndomain = "{domain}"\n{gate}{config}\n')
+        f.write(f'daemon_timeout_ms = 2000\n\n[daemon]\ndomain = "{domain}"\n{keys}{config}\n')
     try:
         cids = [containers.run("--cgroup-parent", slice_name) for _ in range(n)]
         with open(os.path.join(domain, "memory.max"), "w") as f:

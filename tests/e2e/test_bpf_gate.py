@@ -27,6 +27,9 @@ from pathlib import Path
 import pytest
 from conftest import SRC, gate
 
+from execgate.cgroups import freeze, ids
+from execgate.daemon import actuator
+
 CGROOT = "/sys/fs/cgroup"
 TEST_CG = os.path.join(CGROOT, "execgate-bpftest")
 TEST_PIN = "/sys/fs/bpf/execgate-test"
@@ -217,7 +220,7 @@ def _free_run(pids: list[int], window: float = 2.0) -> dict[int, float]:
 def test_cgroup_id_is_the_directory_inode() -> None:
     """The map key: cgroup->kn->id, as the kernel exports it in a cgroupfs file handle."""
     libc = ctypes.CDLL(None, use_errno=True)
-    for path in (CGROOT, os.path.join(CGROOT, "system.slice"), gate.own_cgroup()):
+    for path in (CGROOT, os.path.join(CGROOT, "system.slice"), ids.own_cgroup()):
         if not path or not os.path.isdir(path):
             continue
         buf = ctypes.create_string_buffer(8 + 64)
@@ -229,7 +232,7 @@ def test_cgroup_id_is_the_directory_inode() -> None:
         nbytes = struct.unpack_from("I", buf, 0)[0]
         assert nbytes == 8
         handle_id = struct.unpack_from("Q", buf, 8)[0]
-        assert handle_id == gate.cgroup_id(path) == os.stat(path).st_ino
+        assert handle_id == ids.cgroup_id(path) == os.stat(path).st_ino
 
 
 @needs_scx
@@ -482,13 +485,13 @@ def test_kill_9_of_a_persistent_loader_then_recover(obj: Path, cgroups, busy) ->
 
 @needs_scx
 def test_select_gate(obj: Path) -> None:
-    g, reason = gate.select_gate(BUILD_DIR, TEST_PIN, obj=obj)
+    g, reason = actuator.select_gate(BUILD_DIR, TEST_PIN, obj=obj)
     try:
         assert g.kind == "sched_ext" and g.attached(), reason
     finally:
         g.unload()
     assert gate.state() == "disabled"
-    g, reason = gate.select_gate(BUILD_DIR, TEST_PIN, obj="/nonexistent/gate.bpf.o")
+    g, reason = actuator.select_gate(BUILD_DIR, TEST_PIN, obj="/nonexistent/gate.bpf.o")
     assert g.kind == "freeze" and "cgroup.freeze" in reason
     assert gate.state() == "disabled"
     record("select_gate", fallback_reason=reason)
@@ -519,7 +522,7 @@ def test_slow_hold_cap_survives_watchdog(obj: Path, cgroups, busy) -> None:
 
 
 def test_freeze_gate_holds_and_resumes(cgroups, busy) -> None:
-    g = gate.FreezeGate()
+    g = actuator.FreezeGate()
     tool, host = cgroups("c1/tool-f"), cgroups("host")
     p, q = busy(tool), busy(host)
     _free_run([p, q])
@@ -534,7 +537,7 @@ def test_freeze_gate_holds_and_resumes(cgroups, busy) -> None:
     # leftovers of a dead daemon are thawed by recover()
     g.set(tool, allow=False)
     time_until_stopped(p, time.monotonic())
-    assert tool in gate.thaw_all(TEST_CG)
+    assert tool in freeze.thaw_all(TEST_CG)
     time_until_progress(p, time.monotonic())
     g.unload()
     record("freeze", held=list(held.values()), stop_latency_s=round(stop_latency, 3),

@@ -1,6 +1,6 @@
-"""bpf/gate.py without sched_ext: build command, map layouts, the bpf(2) wrapper on a plain hash
-map (when this host lets us create one), cgroup ids, the cgroup.freeze fallback and gate
-selection on fake sysfs/cgroup trees. The scheduler itself is tested in tests/e2e (VM)."""
+"""bpf/gate.py and bpf/loader.py without sched_ext: build command, map layouts, the bpf(2)
+wrapper on a plain hash map (when this host lets us create one) and the gate's verdicts on it,
+on fake sysfs trees. The scheduler itself is tested in tests/e2e (VM)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from execgate.bpf import gate
+from execgate.bpf import gate, loader
 
 GATE_PY = Path(__file__).resolve().parents[2] / "execgate" / "bpf" / "gate.py"
 BPF_C = GATE_PY.with_name("gate.bpf.c")
@@ -58,15 +58,15 @@ def test_map_info_parse() -> None:
 # -- build ----------------------------------------------------------------------------------------
 
 def test_clang_command() -> None:
-    cmd = gate.clang_command("g.bpf.c", "g.o", "/inc", clang="clang-19", machine="x86_64")
+    cmd = loader.clang_command("g.bpf.c", "g.o", "/inc", clang="clang-19", machine="x86_64")
     assert cmd[0] == "clang-19"
     assert cmd[cmd.index("-target") + 1] == "bpf"
     assert "-g" in cmd and "-O2" in cmd and "-D__TARGET_ARCH_x86" in cmd
     assert cmd[-4:] == ["-c", "g.bpf.c", "-o", "g.o"]
     assert cmd[cmd.index("-I") + 1] == "/inc"
-    assert "-D__TARGET_ARCH_arm64" in gate.clang_command("a", "b", "c", machine="aarch64")
+    assert "-D__TARGET_ARCH_arm64" in loader.clang_command("a", "b", "c", machine="aarch64")
     with pytest.raises(gate.GateUnavailable):
-        gate.clang_command("a", "b", "c", machine="vax")
+        loader.clang_command("a", "b", "c", machine="vax")
 
 
 def test_build_without_btf_is_unavailable(tmp_path: Path) -> None:
@@ -98,27 +98,6 @@ def test_state_and_scheduler_name(tmp_path: Path) -> None:
     assert gate.state(str(sysfs)) == "enabled"
     assert gate.scheduler_name(str(sysfs)) == "execgate"
     assert gate.wait_state({"disabled"}, 0.1, str(sysfs)) == "enabled"
-
-
-# -- cgroup ids -----------------------------------------------------------------------------------
-
-def test_cgroup_id(tmp_path: Path) -> None:
-    (tmp_path / "a" / "tool-1").mkdir(parents=True)
-    ino = os.stat(tmp_path / "a" / "tool-1").st_ino
-    assert gate.cgroup_id(str(tmp_path / "a" / "tool-1")) == ino
-    assert gate.cgroup_id("a/tool-1", root=str(tmp_path)) == ino
-    assert gate.cgroup_id(tmp_path / "a" / "tool-1") == ino
-    assert gate.cgroup_id(1234) == 1234
-    with pytest.raises(TypeError):
-        gate.cgroup_id(True)
-    with pytest.raises(ValueError):
-        gate.cgroup_id(0)
-    with pytest.raises(FileNotFoundError):
-        gate.cgroup_id("nope", root=str(tmp_path))
-
-
-def test_protected_ids_include_the_root(tmp_path: Path) -> None:
-    assert os.stat(tmp_path).st_ino in gate.protected_ids(str(tmp_path))
 
 
 # -- the bpf(2) wrapper on a real (plain) hash map -------------------------------------------------
@@ -187,79 +166,7 @@ def test_gate_set_and_clear_on_plain_maps(tmp_path: Path) -> None:
         g.set("tool-a", allow=False)
 
 
-# -- cgroup.freeze fallback -----------------------------------------------------------------------
-
-def _fake_cgroups(root: Path, *names: str) -> None:
-    (root / "cgroup.controllers").parent.mkdir(parents=True, exist_ok=True)
-    (root / "cgroup.controllers").write_text("cpu memory\n")
-    for n in names:
-        (root / n).mkdir(parents=True, exist_ok=True)
-        (root / n / "cgroup.freeze").write_text("0\n")
-
-
-def test_freeze_gate(tmp_path: Path) -> None:
-    root = tmp_path / "cg"
-    _fake_cgroups(root, "c1/tool-a", "c1/tool-b")
-    g = gate.FreezeGate(str(root))
-    assert g.attached() and g.kind == "freeze"
-    assert g.set("c1/tool-a", allow=False)
-    assert (root / "c1/tool-a/cgroup.freeze").read_text() == "1"
-    tid = os.stat(root / "c1/tool-b").st_ino
-    assert g.set(tid, allow=False)  # by id: found by walking the tree
-    assert (root / "c1/tool-b/cgroup.freeze").read_text() == "1"
-    assert sorted(g.denied()) == [str(root / "c1/tool-a"), str(root / "c1/tool-b")]
-    assert g.set(root / "c1/tool-a", allow=True)
-    assert (root / "c1/tool-a/cgroup.freeze").read_text() == "0"
-    assert not g.set("c1/gone", allow=False)
-    assert not g.set(987654321, allow=True)  # never frozen here: no tree walk, nothing to do
-    with pytest.raises(ValueError):
-        g.set(str(root), allow=False)
-    assert g.clear() == 1
-    assert (root / "c1/tool-b/cgroup.freeze").read_text() == "0"
-    g.set("c1/tool-a", allow=False)
-    assert g.unload() and g.unload()
-    assert (root / "c1/tool-a/cgroup.freeze").read_text() == "0"
-    assert not g.attached()
-
-
-def test_thaw_all_only_thaws_matching_frozen(tmp_path: Path) -> None:
-    root = tmp_path / "cg"
-    _fake_cgroups(root, "c1/tool-a", "c1/tool-b", "c1/other", "c2/tool-c/sub")
-    (root / "c1/tool-a/cgroup.freeze").write_text("1")
-    (root / "c1/other/cgroup.freeze").write_text("1")
-    (root / "c2/tool-c/cgroup.freeze").write_text("1")
-    thawed = gate.thaw_all(str(root))
-    assert sorted(thawed) == [str(root / "c1/tool-a"), str(root / "c2/tool-c")]
-    assert (root / "c1/other/cgroup.freeze").read_text() == "1"
-
-
-# -- selection and recovery -----------------------------------------------------------------------
-
-def test_select_gate_falls_back_without_sched_ext(tmp_path: Path) -> None:
-    root = tmp_path / "cg"
-    _fake_cgroups(root)
-    g, reason = gate.select_gate(tmp_path / "build", str(tmp_path / "pins"),
-                                 cgroup_root=str(root), sysfs=str(tmp_path / "none"))
-    assert isinstance(g, gate.FreezeGate)
-    assert "no sched_ext" in reason and "cgroup.freeze" in reason
-    with pytest.raises(gate.GateUnavailable):
-        gate.select_gate(tmp_path / "build", str(tmp_path / "pins"), prefer="sched_ext",
-                         cgroup_root=str(root), sysfs=str(tmp_path / "none"))
-    g, reason = gate.select_gate(prefer="freeze", cgroup_root=str(root))
-    assert isinstance(g, gate.FreezeGate) and reason == "cgroup.freeze requested"
-    with pytest.raises(ValueError):
-        gate.select_gate(prefer="bogus")
-
-
-def test_select_gate_falls_back_when_another_scheduler_runs(tmp_path: Path) -> None:
-    sysfs = tmp_path / "sched_ext"
-    (sysfs / "root").mkdir(parents=True)
-    (sysfs / "state").write_text("enabled\n")
-    (sysfs / "root" / "ops").write_text("rusty\n")
-    g, reason = gate.select_gate(tmp_path / "build", str(tmp_path / "pins"),
-                                 cgroup_root=str(tmp_path), sysfs=str(sysfs))
-    assert isinstance(g, gate.FreezeGate) and "rusty" in reason
-
+# -- load ------------------------------------------------------------------------------------------
 
 def test_load_refuses_without_sched_ext_or_when_busy(tmp_path: Path) -> None:
     with pytest.raises(gate.GateUnavailable):
@@ -269,13 +176,3 @@ def test_load_refuses_without_sched_ext_or_when_busy(tmp_path: Path) -> None:
     (sysfs / "state").write_text("enabled\n")
     with pytest.raises(gate.GateBusy):
         gate.load(tmp_path / "x.o", str(tmp_path / "pins"), sysfs=str(sysfs))
-
-
-def test_recover_with_nothing_left_behind(tmp_path: Path) -> None:
-    root = tmp_path / "cg"
-    _fake_cgroups(root, "c/tool-x")
-    assert gate.recover(str(tmp_path / "pins"), cgroup_root=str(root),
-                        sysfs=str(tmp_path / "none")) == "nothing to recover"
-    (root / "c/tool-x/cgroup.freeze").write_text("1")
-    assert "thawed 1 cgroups" in gate.recover(str(tmp_path / "pins"), cgroup_root=str(root),
-                                              sysfs=str(tmp_path / "none"))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from execgate.bpf.gate import FreezeGate
+from execgate.daemon.actuator import FreezeGate
 from execgate.daemon.growth_gate import HPAGE_SIZE, PAGE_SIZE, GrowthGate
 from execgate.policy.estimate import CallInfo
 from execgate.policy.growth import GrowthConfig
