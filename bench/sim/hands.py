@@ -1,0 +1,231 @@
+"""execgated's decisions in simulated time: the daemon's policy objects, driven by the simulator.
+
+The daemon (execgate/daemon/engine.py, growth_gate.py, idle_sandboxes.py) is the policy's
+hands on a real kernel: it samples cgroups, feeds `assess_pressure`, `Admission`,
+`GrowthController` and `residency.plan`, and applies what they decide. This module is a second
+pair of hands for the same brain, on the simulator's memory model (bench/sim/memory.py): the same
+policy objects, built from the same Settings (`execgate.daemon.settings.load` of the config the
+bench writes for the scheme), on an injected clock. Nothing here decides; what it does is the
+wiring, kept as close to the daemon's as the simulation allows:
+
+* pressure: `available` = budget - memory.current of the slice; predicted growth from
+  `Admission.predicted_growth` over the running calls' current bytes (engine._assess);
+* admission: `submit` on the exec's arrival, `step` right after it, after every release and every
+  period (engine._step); the estimator learns each finished call's peak and average
+  (engine._observe: an OOM-killed call with oom_killed=True);
+* growth gate: one `Sample` per running call per period, the state by `gate_state`, `GREEN`
+  when the gate is off (growth_gate.GrowthGate.update); a denied call's memory stops growing;
+  the last-resort victim is killed (cgroup.kill: the call fails with 137);
+* residency: `plan` with the sandboxes' idle times, `need` as the daemon computes it
+  (idle_sandboxes.Residency._need + the queued calls' demand); a reclaim pushes the sandbox's
+  memory to swap at the modelled bandwidth (nothing without swap), freezing changes no bytes.
+
+Two small pieces of that wiring are re-stated here rather than imported, because in the daemon
+they are methods of classes that own cgroup I/O: Residency._need (one line) and the
+Sample-building loop of GrowthGate.update. Moving them into execgate/policy (a pure
+`residency.need(reading, cfg)` and a `growth.sample_of(...)`) would let both hands share them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.sim.memory import Domain, SimCall
+from execgate.common.config import Config
+from execgate.common.hints import parse_size
+from execgate.daemon import settings as daemon_settings
+from execgate.policy.admission import Admission, Decision
+from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
+from execgate.policy.growth import GrowthController, Sample
+from execgate.policy.pressure import PressureReading, assess_pressure
+from execgate.policy.pressure_state import Pressure
+from execgate.policy.residency import SandboxView, plan
+
+
+def settings_from_config(cfg: Mapping[str, Any]) -> tuple[daemon_settings.Settings, list[str]]:
+    """The daemon's Settings from a config.toml-shaped dict (what bench_config returns)."""
+    tables = {k: dict(v) for k, v in cfg.items() if isinstance(v, dict)}
+    return daemon_settings.load(Config(tables=tables))
+
+
+def declared_bytes(hint: str | None) -> int | None:
+    """memory:<size> of an AGENT_RESOURCE_HINT (the only item the bench's hints carry)."""
+    if not hint:
+        return None
+    for item in hint.split(","):
+        key, _, value = item.strip().partition(":")
+        if key == "memory" and value:
+            try:
+                return parse_size(value)
+            except ValueError:
+                return None
+    return None
+
+
+@dataclass
+class HandStats:
+    """What the policy did, for the report (the VM's journal keeps the same figures)."""
+
+    admitted: int = 0
+    forced: int = 0
+    waits: list[float] = field(default_factory=list)
+    held_calls: set[str] = field(default_factory=set)
+    last_resort_kills: int = 0
+    reclaims: int = 0
+    freezes: int = 0
+    states: dict[str, float] = field(default_factory=lambda: {"green": 0.0, "yellow": 0.0,
+                                                              "red": 0.0})
+
+
+class ExecgateHands:
+    """One execgated on one simulated domain."""
+
+    def __init__(self, settings: daemon_settings.Settings, domain: Domain,
+                 clock: Callable[[], float], residency_period_s: float = 1.0) -> None:
+        self.settings = settings
+        self.domain = domain
+        self.clock = clock
+        self.estimator = HistoryEstimator(settings.estimate)
+        self.admission = Admission(settings.admission, estimator=self.estimator, clock=clock)
+        params = inspect.signature(GrowthController).parameters
+        kw: dict[str, Any] = {"pressure": settings.pressure} if "pressure" in params else {}
+        self.growth = GrowthController(settings.growth, clock, **kw)
+        self.gate_on = settings.daemon.gate != "off"
+        self.residency = settings.residency
+        self.residency_period_s = residency_period_s
+        self.calls: dict[str, CallInfo] = {}  # submitted, not yet released
+        self.running: dict[str, SimCall] = {}  # admitted and started
+        self.cpu: dict[str, int] = {}
+        self.frozen: set[str] = set()
+        self.reclaimed: set[str] = set()  # reclaimed in their current idle period
+        self.reading: PressureReading | None = None
+        self.green_since = clock()
+        self.next_residency = 0.0
+        self.stats = HandStats()
+
+    # -- the runtime's requests ----------------------------------------------------------------
+
+    def submit(self, call_id: str, sandbox: str, argv: list[str],
+               declared: int | None) -> list[Decision]:
+        info = CallInfo(call_id, sandbox, argv, declared_bytes=declared)
+        self.calls[call_id] = info
+        self.admission.submit(info)
+        self.frozen.discard(sandbox)  # the runtime thaws a sandbox before its call
+        self.reclaimed.discard(sandbox)  # active again: a new idle period starts after it
+        return self.step()
+
+    def started(self, call: SimCall) -> None:
+        self.running[call.id] = call
+        self.cpu[call.id] = 0
+
+    def finished(self, call_id: str, call: SimCall | None, oom_killed: bool) -> list[Decision]:
+        """The call ended (or was cancelled before it ran): learn from it, free its charge."""
+        info = self.calls.pop(call_id, None)
+        self.running.pop(call_id, None)
+        self.cpu.pop(call_id, None)
+        if info is None:
+            return []
+        if call is not None and call.peak > 0:
+            run = max(call.last - call.started, 1e-6)
+            self.estimator.observe(info, Outcome(peak_bytes=int(call.peak),
+                                                 avg_bytes=int(call.area / run),
+                                                 duration_s=run, oom_killed=oom_killed))
+        self.admission.release(call_id)
+        return self.step()
+
+    # -- the control period --------------------------------------------------------------------
+
+    def _assess(self) -> PressureReading:
+        usage = {cid: int(c.level) for cid, c in self.running.items()}
+        available = int(self.domain.budget - self.domain.usage())
+        return assess_pressure(self.settings.pressure, available, self.domain.budget,
+                               predicted_growth=self.admission.predicted_growth(usage),
+                               undeclared_growth=self.admission.predicted_growth(usage, True))
+
+    def step(self) -> list[Decision]:
+        self.reading = self._assess()
+        decisions = self.admission.step(self.reading)
+        for d in decisions:
+            self.stats.admitted += 1
+            self.stats.forced += d.forced
+            self.stats.waits.append(d.waited_s)
+        return decisions
+
+    def tick(self, dt: float) -> tuple[list[Decision], list[str]]:
+        """One period: admission, the growth gate, residency. Returns the admissions and the
+        calls the last resort kills."""
+        now = self.clock()
+        decisions = self.step()
+        reading = self.reading
+        assert reading is not None
+        self.stats.states[str(reading.state)] += dt
+        kills: list[str] = []
+        if self.running:
+            samples = []
+            for cid, c in self.running.items():
+                if not c.held:
+                    self.cpu[cid] += max(int(dt * 1e5), 1)  # page faults cost it CPU
+                samples.append(Sample(cid, int(c.level), self.cpu[cid],
+                                      self.calls[cid].declared_bytes, c.started))
+            available = int(self.domain.budget - self.domain.usage())
+            pressure = reading.gate_state if self.gate_on else Pressure.GREEN
+            gd = self.growth.update(samples, pressure, available, self.domain.budget)
+            for cid, allow in gd.allow.items():
+                call = self.running[cid]
+                if call.held and allow:
+                    call.held = False
+                elif not allow and not call.held:
+                    call.held = True
+                    self.stats.held_calls.add(cid)
+            if self.gate_on:
+                victim = self.growth.last_resort_victim(samples, available)
+                if victim is not None:
+                    kills.append(victim.call_id)
+                    self.stats.last_resort_kills += 1
+        else:  # the AIMD slot budget follows pressure even with nothing running
+            self.growth.update([], reading.gate_state if self.gate_on else Pressure.GREEN,
+                               int(self.domain.budget - self.domain.usage()), self.domain.budget)
+        if reading.state == Pressure.GREEN:
+            self.green_since = min(self.green_since, now)
+        else:
+            self.green_since = now
+        if now >= self.next_residency and (reading.state != Pressure.GREEN or self.frozen):
+            self.next_residency = now + self.residency_period_s
+            self._residency(reading, now)
+        return decisions, kills
+
+    def _residency(self, reading: PressureReading, now: float) -> None:
+        cfg = self.residency
+        busy = {info.sandbox for info in self.calls.values()}
+        views = []
+        reclaiming = bool(self.domain.reclaiming)
+        for b in self.domain.boxes.values():
+            idle = None if b.id in busy else now - b.last_active
+            views.append(SandboxView(b.id, idle, int(b.anon + b.cache), True, b.id in self.frozen,
+                                     b.id in self.reclaimed))
+        p = self.settings.pressure
+        yellow = int(reading.budget * (p.red_fraction + p.yellow_fraction))
+        need = max(yellow - reading.effective_headroom, 0) if reading.state else 0
+        need += self.admission.queued_bytes()
+        for a in plan(cfg, reading.state, now - self.green_since, need, views, reclaiming):
+            if a.kind == "freeze":
+                self.frozen.add(a.cid)
+                self.stats.freezes += 1
+            elif a.kind == "thaw":
+                self.frozen.discard(a.cid)
+            elif a.kind == "reclaim":
+                self.domain.reclaim(a.cid, a.amount)
+                self.reclaimed.add(a.cid)
+                self.stats.reclaims += 1
+
+    def summary(self) -> dict[str, Any]:
+        s = dataclasses.asdict(self.stats)
+        s["held_calls"] = len(self.stats.held_calls)
+        waits = s.pop("waits")
+        s["admission_wait_max_s"] = max(waits, default=0.0)
+        s["admission_wait_mean_s"] = sum(waits) / len(waits) if waits else 0.0
+        return s
