@@ -1,7 +1,7 @@
 """The words of agent command lines that more than one reader must agree on.
 
 Admission classes a call by its command (policy/estimate.py) and the OOM note advises by it
-(runtime/feedback.py): both see through the same shells, runners and assignments, so both take
+(calls/feedback.py): both see through the same shells, runners and assignments, so both take
 them from here. Cheap to import (the runtime path's feedback imports it).
 """
 

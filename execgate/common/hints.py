@@ -16,7 +16,7 @@ and cgroup limits are usually set that way, so a decimal reading would undershoo
 A hint is all-or-nothing. A partly understood hint is worse than none: dropping the one item
 that failed to parse could silently turn "memory:2g,priority:low" into a mere priority change.
 So any bad item voids the whole hint and the result carries one ASCII reason, quoting the
-offending item, that the shim hands back to the agent (see execgate.runtime.feedback).
+offending item, that execgate hands back to the agent (see execgate.calls.feedback).
 """
 
 from __future__ import annotations

@@ -51,10 +51,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execgate.bpf import inside_probe as probe_mod
+from execgate.calls import feedback, hint, outcome, tell
+from execgate.calls.oom_score import raise_oom_score_adj
+from execgate.calls.record import ToolCall
 from execgate.cgroups import container, v2
 from execgate.common import hints, records
 from execgate.common.config import Config
-from execgate.runtime import console, feedback, watcher
 
 from . import proc_events
 from .engine import Engine, call_info
@@ -268,15 +270,8 @@ def open_stderr(pid: int) -> int | None:
 
 
 def _write_line(fd: int | None, tty: bool, text: str) -> None:
-    if fd is None:
-        return
-    try:
-        if tty:
-            console.write_to_terminal(fd, text)
-        else:
-            os.write(fd, feedback.compose(text))
-    except OSError:
-        pass
+    if fd is not None:
+        tell.say(fd, tty, [text])
 
 
 def _set_xattr(cg: str, value: bytes) -> None:
@@ -405,7 +400,7 @@ class Box:
 
 @dataclass
 class Call:
-    call: dict[str, Any]  # as runtime/exec.py builds it, so the journal line reads the same
+    call: ToolCall  # as runtime/exec.py's, so the journal line reads the same
     pid: int
     box: Box
     stderr: int | None
@@ -417,11 +412,11 @@ class Call:
 
     @property
     def name(self) -> str:
-        return str(self.call["call"])
+        return self.call.call
 
     @property
     def cgroup(self) -> str:
-        return str(self.call["cgroup"])
+        return self.call.cgroup
 
 
 class InsideAgents:
@@ -910,7 +905,7 @@ class InsideAgents:
             with contextlib.suppress(OSError):
                 v2.move(pid, tool)
             todo.extend(children(pid))
-        watcher._raise_oom_score_adj(m.tgid, self.cfg.tool_oom_score_adj)
+        raise_oom_score_adj(m.tgid, self.cfg.tool_oom_score_adj)
         mem = memory_status(m.tgid)
         self.stats["placed"] += 1
         stderr = open_stderr(m.tgid)
@@ -920,32 +915,31 @@ class InsideAgents:
             short = comm(m.tgid) or name_early
             argv = [short] if short else []
         name = os.path.basename(tool)
-        call: dict[str, Any] = {
-            "call": name, "container": box.cid, "sandbox": box.sandbox, "cgroup": tool,
-            "argv": argv, "tty": tty, "detach": False,
-            "hint": self._hint(m.tgid, box, stderr, tty),
-            "oom_score_adj": self.cfg.tool_oom_score_adj,
-            "arrival": time.time() - (moved_ns - m.exec_ns) / 1e9,
-            "inside": {
+        call = ToolCall(name, box.cid, box.sandbox, tool, argv, tty=tty,
+                        hint=self._hint(m.tgid, box, stderr, tty),
+                        oom_score_adj=self.cfg.tool_oom_score_adj,
+                        arrival=time.time() - (moved_ns - m.exec_ns) / 1e9)
+        call.inside = {
                 "pid": m.tgid, "agent_pid": m.parent,
                 "placement_us": round((moved_ns - m.exec_ns) / 1000, 1), "at_exec": m.at_exec,
                 "move_us": round((moved_ns - t0) / 1000, 1),
                 "rss_before_bytes": mem.get("VmRSS"), "anon_before_bytes": mem.get("RssAnon"),
                 "memory_after_move": v2.read_int(tool, "memory.current"),
-            },
         }
         c = Call(call, m.tgid, box, stderr, frozen=self.conf.freeze == "always")
         self.calls[name] = c
         self.by_pid[m.tgid] = c
-        if self.cfg.memory_high_from_hint and call["hint"] and call["hint"].get("memory_bytes"):
+        if self.cfg.memory_high_from_hint and call.hint and call.hint.get("memory_bytes"):
             with contextlib.suppress(OSError):
-                v2.write(tool, "memory.high", str(call["hint"]["memory_bytes"]))
+                v2.write(tool, "memory.high", str(call.hint["memory_bytes"]))
         assert self.ends is not None
         if not self.ends.watch(name, tool):
             self._ended(name)
             return
         self._admit(c)
-        xcall = dict(call, argv=argv if len(" ".join(argv)) <= MAX_XATTR_ARGV else argv[:1])
+        xcall = call.journal()
+        if len(" ".join(argv)) > MAX_XATTR_ARGV:
+            xcall["argv"] = argv[:1]
         _set_xattr(tool, json.dumps(xcall, separators=(",", ":")).encode())
         assert self.loop is not None
         self.loop.call_soon(self._replenish, box)
@@ -954,23 +948,14 @@ class InsideAgents:
         """The call's parsed hint (from its exec'd environment), clamped to the container's
         limit; a malformed one is reported once per sandbox and value, as for docker exec."""
         raw = hints.pick(_nul_list(f"/proc/{pid}/environ"), [])
-        if not raw:
-            return None
-        parsed = hints.parse(raw)
-        if parsed.error or parsed.hint is None:
-            log.warning("inside call in %s: %s ignored: %s", box.cid[:12], hints.ENV_NAME,
-                        parsed.error)
-            if hints.should_warn(self.cfg.state_dir, box.sandbox, raw):
-                _write_line(stderr, tty, feedback.hint_ignored(raw, parsed.error or "unparsable"))
-            return None
-        limit = v2.read_int(box.cgroup, "memory.max")
-        return hints.clamp(parsed.hint, priority_allowed=True, memory_limit=limit).to_dict()
+        return hint.resolve(raw, box.cgroup, box.sandbox, self.cfg.state_dir,
+                            lambda why: log.warning("inside call in %s: %s", box.cid[:12], why),
+                            lambda text: _write_line(stderr, tty, text))
 
     # -- admission -----------------------------------------------------------------------------
 
     def _admit(self, c: Call) -> None:
-        call = c.call
-        msg = {k: call[k] for k in ("call", "container", "sandbox", "cgroup", "argv", "hint")}
+        msg = c.call.admit_request()
         try:
             _ticket, fut = self.engine.submit(msg)
         except Exception as e:  # noqa: BLE001 - fail open
@@ -1008,16 +993,17 @@ class InsideAgents:
     def _run(self, c: Call, decision: Any) -> None:
         """Admitted (decision) or failed open (None): let it go."""
         call = c.call
-        call["managed"] = decision is not None
-        call["waited_s"] = round(float(decision.waited_s), 3) if decision is not None else 0.0
-        call["forced"] = bool(decision.forced) if decision is not None else False
-        if decision is not None:
-            call["inside"]["frozen_s"] = call["waited_s"] if c.frozen else 0.0
-        if decision is not None and feedback.should_report_delay(call["waited_s"]):
-            _write_line(c.stderr, call["tty"], feedback.admission_delayed(call["waited_s"]))
+        if decision is None:
+            call.admitted(False)
+        else:
+            call.admitted(True, round(float(decision.waited_s), 3), bool(decision.forced))
+            if call.inside is not None:
+                call.inside["frozen_s"] = call.waited_s if c.frozen else 0.0
+            if feedback.should_report_delay(call.waited_s):
+                _write_line(c.stderr, call.tty, feedback.admission_delayed(call.waited_s))
         if c.frozen:
             self._thaw(c)
-        call["start"] = time.time()
+        call.start = time.time()
 
     def _thaw(self, c: Call) -> None:
         held = self.engine.growth.tracked.get(c.name)
@@ -1041,14 +1027,15 @@ class InsideAgents:
             return
         end = time.time()  # (by_pid keeps it: the exit event comes after the cgroup empties)
         call = c.call
-        if "start" not in call:  # it ended before it was admitted (killed while waiting)
+        if call.start is None:  # it ended before it was admitted (killed while waiting)
             if c.wait is not None:
                 c.wait.cancel()
             self.engine.cancel(name)
-            call.update(managed=False, waited_s=0.0, forced=False, start=end)
-        gate = self.engine.done(name) if call.get("managed") else None
-        entry = watcher.conclude(call, end, gate)
-        watcher.tell_and_close(call, entry, c.stderr)  # the agent may be waiting for EOF
+            call.admitted(False)
+            call.start = end
+        gate = self.engine.done(name) if call.managed else None
+        entry = outcome.conclude(call, end, gate)
+        tell.tell_and_close(call, entry, c.stderr)  # the agent may be waiting for EOF
         assert self.loop is not None
         self.loop.run_in_executor(None, self._record, c, entry, end)
 
@@ -1060,7 +1047,7 @@ class InsideAgents:
             self.loop.call_soon_threadsafe(self._forget_pid, c)
         elif c.last_comm and self.loop is not None:
             self.loop.call_soon_threadsafe(self._learn, c, entry.get("memory_peak"))
-        watcher.record(entry, c.status, end, self.cfg.journal, log)
+        outcome.record(entry, c.status, end, self.cfg.journal, log)
 
     def _forget_pid(self, c: Call) -> None:
         if self.by_pid.get(c.pid) is c:
@@ -1080,26 +1067,29 @@ class InsideAgents:
                 continue
             name = os.path.basename(tool)
             try:
-                call = json.loads(mark) if mark != b"spare" else None
+                placed = json.loads(mark) if mark != b"spare" else None
             except ValueError:
-                call = None
-            if call is None:
+                placed = None
+            if not isinstance(placed, dict):
                 if not v2.populated(tool):
                     v2.remove(tool, attempts=1)
                     continue
-                call = {"call": name, "container": box.cid, "sandbox": box.sandbox,
-                        "cgroup": tool, "argv": [], "tty": False, "detach": False,
-                        "hint": None, "arrival": time.time()}
-            call.update(cgroup=tool, call=name, managed=name in self.engine.calls,
-                        adopted=True)
+                call = ToolCall(name, box.cid, box.sandbox, tool, [], arrival=time.time())
+            else:
+                call = ToolCall.from_journal(placed)
+            call.cgroup, call.call = tool, name
+            call.managed, call.adopted = name in self.engine.calls, True
             live = self.engine.calls.get(name)
-            if live is not None and call.get("hint"):  # the engine adopted it without one
+            if live is not None and call.hint:  # the engine adopted it without one
                 with contextlib.suppress(KeyError, ValueError, TypeError):
-                    live.info = call_info(call)
-            call.setdefault("waited_s", 0.0)
-            call.setdefault("forced", False)
-            call.setdefault("start", call.get("arrival") or time.time())
-            pid = int((call.get("inside") or {}).get("pid") or 0)
+                    live.info = call_info(call.admit_request())
+            if call.waited_s is None:
+                call.waited_s = 0.0
+            if call.forced is None:
+                call.forced = False
+            if call.start is None:
+                call.start = call.arrival or time.time()
+            pid = int((call.inside or {}).get("pid") or 0)
             c = Call(call, pid, box, None)
             self.calls[name] = c
             if pid:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 
+from execgate.calls import hint
+from execgate.calls.record import ToolCall
 from execgate.cgroups import container, v2
 from execgate.common import records
 from execgate.oci import process as process_mod
@@ -21,9 +23,9 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run t
 if TYPE_CHECKING:
     from typing import Any
 
-# Hint parsing, message wording and the console relay are imported only by the calls that need
-# them, the daemon's protocol (msgpack, socket) and the watcher only by managed calls: this
-# module runs on every `docker exec`.
+# Hint parsing, message wording and the console relay (calls/) are imported only by the calls
+# that need them, the daemon's protocol (msgpack, socket) and the watcher only by managed
+# calls: this module runs on every `docker exec`.
 
 
 def _stderr(text: str) -> None:
@@ -34,30 +36,17 @@ def _stderr(text: str) -> None:
         pass
 
 
-def _env(spec: process_mod.ProcessSpec, name: str) -> str | None:
-    """The exec's value of name (Docker merges the container's env into the exec's)."""
-    return spec.getenv(name)
-
-
 def _hint(ctx: Context, spec: process_mod.ProcessSpec | None, rec: dict[str, Any], cg: str
           ) -> dict[str, Any] | None:
-    """The call's parsed hint, clamped to its container's limit; a bad one is reported once."""
-    raw = _env(spec, "AGENT_RESOURCE_HINT") if spec else None
-    if not raw:
-        return None
-    from execgate.common import hints
+    """The call's hint (calls/hint.py), from its process spec (Docker merges the container's
+    env into the exec's); a bad one is told on the call's stderr, not on a terminal."""
+    raw = spec.getenv("AGENT_RESOURCE_HINT") if spec else None
 
-    from . import feedback
+    def ignored(why: str) -> None:
+        ctx.log.warning(f"exec in {rec['id']}: {why}")
 
-    parsed = hints.parse(raw)
-    if parsed.error or parsed.hint is None:
-        sandbox = str(rec.get("sandbox") or rec["id"])
-        ctx.log.warning(f"exec in {rec['id']}: {hints.ENV_NAME} ignored: {parsed.error}")
-        if spec and not spec.terminal and hints.should_warn(ctx.config.state_dir, sandbox, raw):
-            _stderr(feedback.hint_ignored(raw, parsed.error or "unparsable"))
-        return None
-    limit = v2.read_int(cg, "memory.max")  # "max" reads as None: no limit
-    return hints.clamp(parsed.hint, priority_allowed=True, memory_limit=limit).to_dict()
+    return hint.resolve(raw, cg, str(rec.get("sandbox") or rec["id"]), ctx.config.state_dir,
+                        ignored, _stderr if spec and not spec.terminal else None)
 
 
 def handle(ctx: Context) -> list[str]:
@@ -82,57 +71,49 @@ def handle(ctx: Context) -> list[str]:
     from . import admit, watcher
 
     name = container.new_tool_name()
-    call: dict[str, Any] = {
-        "call": name,
-        "container": cid,
-        "sandbox": rec.get("sandbox", cid),
-        "cgroup": os.path.join(cg, name),
-        "argv": spec.args if spec else flags.positionals[1:],
-        "tty": bool(spec.terminal) if spec else flags.is_set("tty"),
-        "detach": flags.is_set("detach"),
-        "hint": _hint(ctx, spec, rec, cg),
-        "oom_score_adj": ctx.config.tool_oom_score_adj,
-        "hold_exit": ctx.config.tty_exit_hold,
-        "arrival": time.time(),
-    }
+    call = ToolCall(name, cid, rec.get("sandbox", cid), os.path.join(cg, name),
+                    spec.args if spec else flags.positionals[1:],
+                    tty=bool(spec.terminal) if spec else flags.is_set("tty"),
+                    detach=flags.is_set("detach"), hint=_hint(ctx, spec, rec, cg),
+                    oom_score_adj=ctx.config.tool_oom_score_adj,
+                    hold_exit=ctx.config.tty_exit_hold, arrival=time.time())
     answer = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,
-                           {k: call[k] for k in ("call", "container", "sandbox", "cgroup",
-                                                 "argv", "hint")}, ctx.log)
-    call["managed"] = answer is not None
+                           call.admit_request(), ctx.log)
     if answer is None:  # the daemon thaws an idle sandbox when it admits; failing open, we do
         container.thaw_init(cg)
+        call.admitted(False)
     else:
-        call["daemon"] = {"socket": ctx.config.socket,
-                          "timeout_s": ctx.config.daemon_timeout_ms / 1000}
-    call["waited_s"] = round(float(answer.get("waited_s", 0.0)), 3) if answer else 0.0
-    call["forced"] = bool(answer.get("forced")) if answer else False
-    if answer and not call["tty"] and call["waited_s"] >= 2.0:
-        from . import feedback
+        call.daemon = {"socket": ctx.config.socket,
+                       "timeout_s": ctx.config.daemon_timeout_ms / 1000}
+        call.admitted(True, round(float(answer.get("waited_s", 0.0)), 3),
+                      bool(answer.get("forced")))
+    if answer and not call.tty and call.waited_s >= 2.0:
+        from execgate.calls import feedback
 
-        if feedback.should_report_delay(call["waited_s"]):
-            _stderr(feedback.admission_delayed(call["waited_s"]))
+        if feedback.should_report_delay(call.waited_s):
+            _stderr(feedback.admission_delayed(call.waited_s))
     tool = container.make_tool_cgroup(cg, name)
     # Its identity, for the watcher to check the exit status it reads is this call's: taken
     # now, as the cgroup may be gone (container deleted) before the watcher first runs.
-    call["cgroup_id"] = os.stat(tool).st_ino
-    if ctx.config.memory_high_from_hint and call["hint"] and call["hint"].get("memory_bytes"):
+    call.cgroup_id = os.stat(tool).st_ino
+    if ctx.config.memory_high_from_hint and call.hint and call.hint.get("memory_bytes"):
         try:
-            v2.write(tool, "memory.high", str(call["hint"]["memory_bytes"]))
+            v2.write(tool, "memory.high", str(call.hint["memory_bytes"]))
         except OSError as e:
             ctx.log.warning(f"exec in {cid}: memory.high not set: {e}")
     out = ctx.inv.with_command_flags(["--cgroup", name])
     proxy = None
     engine_socket = flags.get("console-socket")
-    if call["tty"] and engine_socket:
-        from . import console
+    if call.tty and engine_socket:
+        from execgate.calls import terminal
 
         try:
-            proxy = console.Proxy(os.path.join(ctx.config.state_dir, "console", name + ".sock"),
+            proxy = terminal.Proxy(os.path.join(ctx.config.state_dir, "console", name + ".sock"),
                                   engine_socket)
             out = ctx.inv.replace_command_flag(out, "console-socket", proxy.path)
         except OSError as e:
             ctx.log.warning(f"exec in {cid}: no terminal feedback ({e})")
             proxy = None
-    call["start"] = time.time()
+    call.start = time.time()
     watcher.spawn(call, flags.get("pid-file"), ctx.config.journal, ctx.log, proxy)
     return out

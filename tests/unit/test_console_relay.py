@@ -7,15 +7,15 @@ import socket
 import threading
 from pathlib import Path
 
+from execgate.calls import terminal
 from execgate.oci import cli
-from execgate.runtime import console
 
 
 def test_relay_forwards_master_and_keeps_the_slave(tmp_path: Path) -> None:
     engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     engine.bind(str(tmp_path / "engine.sock"))
     engine.listen(1)
-    proxy = console.Proxy(str(tmp_path / "c" / "proxy.sock"), str(tmp_path / "engine.sock"))
+    proxy = terminal.Proxy(str(tmp_path / "c" / "proxy.sock"), str(tmp_path / "engine.sock"))
     master, slave0 = os.openpty()
     os.close(slave0)
     got: dict[str, object] = {}
@@ -34,11 +34,11 @@ def test_relay_forwards_master_and_keeps_the_slave(tmp_path: Path) -> None:
     runc.close()
     os.close(master)
     rfd, wfd = os.pipe()  # stands in for runc's pidfd: never readable here
-    slave = console.Proxy.relay(proxy, rfd)
+    slave = terminal.Proxy.relay(proxy, rfd)
     t.join(5)
     assert got["data"] == b"/dev/pts/7"
     assert slave is not None
-    console.write_to_terminal(slave, "[execgate] note\n")
+    terminal.write_to_terminal(slave, "[execgate] note\n")
     os.close(slave)
     out = os.read(int(got["fd"]), 1024)  # type: ignore[arg-type]
     assert out.replace(b"\r", b"") == b"[execgate] note\n"
@@ -48,7 +48,7 @@ def test_relay_forwards_master_and_keeps_the_slave(tmp_path: Path) -> None:
 
 
 def test_relay_gives_up_when_runc_exits_without_connecting(tmp_path: Path) -> None:
-    proxy = console.Proxy(str(tmp_path / "p.sock"), str(tmp_path / "none.sock"))
+    proxy = terminal.Proxy(str(tmp_path / "p.sock"), str(tmp_path / "none.sock"))
     rfd, wfd = os.pipe()
     os.write(wfd, b"x")  # "runc exited"
     assert proxy.relay(rfd) is None

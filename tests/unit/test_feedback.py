@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.calls import feedback as fb
 from execgate.common import hints
-from execgate.runtime import feedback as fb
 
 MiB = 1 << 20
 GiB = 1 << 30

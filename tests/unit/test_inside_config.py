@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from execgate.calls import outcome, tell
+from execgate.calls.record import ToolCall
 from execgate.common.config import Config
 from execgate.daemon import settings
-from execgate.runtime import watcher
 
 
 def test_inside_defaults() -> None:
@@ -43,13 +44,13 @@ def _cgroup(tmp: Path, oom: int) -> Path:
 
 def test_conclude_and_record_build_the_journal_line(tmp_path: Path) -> None:
     cg = _cgroup(tmp_path, oom=1)
-    call = {"call": "tool-1", "cgroup": str(cg), "start": 10.0, "argv": ["memhog", "9"],
-            "daemon": {"socket": "x"}, "tty": False}
-    entry = watcher.conclude(call, 12.5, {"held_s": 0.5, "killed_by_execgate": False})
+    call = ToolCall("tool-1", "c1", "c1", str(cg), ["memhog", "9"], tty=False)
+    call.start, call.daemon = 10.0, {"socket": "x"}
+    entry = outcome.conclude(call, 12.5, {"held_s": 0.5, "killed_by_execgate": False})
     assert "daemon" not in entry and entry["duration"] == 2.5 and entry["held_s"] == 0.5
     assert entry["oom_killed"] and entry["memory_peak"] == 1 << 20 and entry["pids_peak"] == 2
     journal = tmp_path / "calls.jsonl"
-    watcher.record(entry, None, 12.5, str(journal), None)
+    outcome.record(entry, None, 12.5, str(journal), None)
     line = json.loads(journal.read_text())
     assert (line["exit_code"], line["signal"], line["end"]) == (137, 9, 12.5)
 
@@ -58,10 +59,11 @@ def test_tell_and_close_writes_feedback_once_and_closes(tmp_path: Path) -> None:
     import os
 
     cg = _cgroup(tmp_path, oom=1)
-    call = {"call": "tool-1", "cgroup": str(cg), "start": 0.0, "argv": ["memhog"], "tty": False}
-    entry = watcher.conclude(call, 1.0, None)
+    call = ToolCall("tool-1", "c1", "c1", str(cg), ["memhog"], tty=False)
+    call.start = 0.0
+    entry = outcome.conclude(call, 1.0, None)
     r, w = os.pipe()
-    watcher.tell_and_close(call, entry, w)
+    tell.tell_and_close(call, entry, w)
     out = os.read(r, 65536)
     assert out.startswith(b"[execgate] Out of memory")
     assert os.read(r, 10) == b""  # our end is closed: the reader sees EOF

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from execgate.bpf import inside_probe as probe_mod
+from execgate.calls.record import ToolCall
 from execgate.common import records
 from execgate.common.config import Config
 from execgate.daemon import inside, proc_events, settings
@@ -165,9 +166,9 @@ def test_a_child_is_placed_admitted_and_journaled(tmp_path: Path,
             await asyncio.sleep(0.1)
             assert [p for p, _ in moves] == [child.pid]
             [call] = agents.calls.values()
-            assert call.call["hint"]["memory_bytes"] == 300 * MiB
-            assert call.call["managed"] and "start" in call.call
-            assert call.call["argv"] == ["sleep", "0.5"]
+            assert call.call.hint["memory_bytes"] == 300 * MiB
+            assert call.call.managed and call.call.start is not None
+            assert call.call.argv == ["sleep", "0.5"]
             assert call.stderr is not None  # a handle on the child's stderr pipe
             child.wait()
             conn.push(ProcEvent(proc_events.PROC_EVENT_EXIT, 0, 0, child.pid, child.pid,
@@ -202,7 +203,7 @@ def test_a_command_started_before_the_daemon_listened_is_placed_late(
         try:
             assert [p for p, _ in moves] == [early.pid]
             [call] = agents.calls.values()
-            assert call.call["argv"] == ["sleep", "2"] and call.call["inside"]["placement_us"] > 0
+            assert call.call.argv == ["sleep", "2"] and call.call.inside["placement_us"] > 0
         finally:
             agents.stop()
             early.kill()
@@ -402,7 +403,7 @@ def test_shells_and_small_calls_are_never_learned(tmp_path: Path,
 
     def call(comm: str) -> inside.Call:
         box = inside.Box("box", "box", str(tmp_path), 1, None)
-        c = inside.Call({"call": f"tool-{comm}"}, 1, box, None)
+        c = inside.Call(ToolCall(f"tool-{comm}", "box", "box", "", []), 1, box, None)
         c.last_comm = comm
         return c
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from execgate.calls.record import ToolCall
 from execgate.oci.runclog import RuncLog
 from execgate.runtime import watcher
 
@@ -19,9 +20,9 @@ def test_a_call_whose_cgroup_went_before_the_watcher_ran_is_still_journaled(
     pidfd = os.pidfd_open(runtime.pid)
     runtime.wait()
     journal = tmp_path / "calls.jsonl"
-    call = {"call": "tool-0123456789ab", "container": "c1", "sandbox": "c1", "argv": ["true"],
-            "cgroup": str(tmp_path / "gone" / "tool-0123456789ab"), "cgroup_id": 42,
-            "tty": False, "start": 1.0}
+    call = ToolCall("tool-0123456789ab", "c1", "c1", str(tmp_path / "gone" / "tool-0123456789ab"),
+                    ["true"], tty=False)
+    call.cgroup_id, call.start = 42, 1.0
     watcher.watch(call, pidfd, str(tmp_path / "no-pid-file"), str(journal),
                   RuncLog(None, None), stderr=None)
     (entry,) = [json.loads(line) for line in journal.read_text().splitlines()]

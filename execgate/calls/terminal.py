@@ -5,6 +5,9 @@ socket of its own, forwards the master to the engine's socket unchanged, and kee
 the pty's *slave* side (TIOCGPTPEER): what the watcher writes there after the call appears on
 the user's terminal like the call's own output, and the engine sees the stream end only when
 the watcher lets go of it.
+
+`write_to_terminal` serves the daemon too (an inside call's stderr may be a terminal), hence
+calls/; the relay itself runs only in the runtime's watcher.
 """
 
 from __future__ import annotations
