@@ -46,7 +46,7 @@ def print_daemon(d: dict[str, Any]) -> None:
     growth = d.get("growth") or {}
     held = growth.get("held") or []
     print(f"growth gate: {growth.get('actuator') or 'none'} ({growth.get('reason', '-')}); "
-          f"yellow slots b={growth.get('budget', '-')}; held now: {', '.join(held) or 'none'}")
+          f"yellow slots b={growth.get('slots', '-')}; held now: {', '.join(held) or 'none'}")
     print_probes(d.get("probes") or {})
     res = d.get("residency") or {}
     if res:

@@ -225,7 +225,7 @@ class GrowthGate:
         """One period in one line (debug log): pressure, b, H, then per call the verdict,
         state, ĝ, d, footprint and hold, and what the actuator holds right now."""
         parts = [f"{decision.pressure} avail {mem_available / MiB:.0f} MiB "
-                 f"H {decision.headroom_bytes / MiB:.0f} MiB b {decision.budget} "
+                 f"H {decision.headroom_bytes / MiB:.0f} MiB b {decision.slots} "
                  f"slots {decision.slot_limit}"]
         for cid, c in sorted(decision.calls.items()):
             t = self.tracked.get(cid)
@@ -287,6 +287,6 @@ class GrowthGate:
     def snapshot(self) -> dict[str, Any]:
         snap = self.controller.snapshot()
         return {"actuator": None if self.actuator is None else self.actuator.kind,
-                "reason": self.reason, "budget": snap.get("budget"),
+                "reason": self.reason, "slots": snap.get("slots"),
                 "held": sorted(cid for cid, t in self.tracked.items() if not t.allowed),
                 "calls": snap.get("calls")}

@@ -149,6 +149,10 @@ DEPRECATED: dict[tuple[str, str], tuple[str, str]] = {
     # One safety margin S for admission and the growth gate (pressure.effective_margin).
     ("growth", "headroom_reserve_bytes"): ("pressure", "safety_margin_bytes"),
     ("growth", "headroom_reserve_fraction"): ("pressure", "safety_margin_fraction"),
+    # b, the growth gate's yellow slot count, is `slots` (`budget` is the domain's bytes).
+    ("growth", "budget_initial"): ("growth", "slots_initial"),
+    ("growth", "budget_max"): ("growth", "slots_max"),
+    ("growth", "budget_increase_after_s"): ("growth", "slots_increase_after_s"),
 }
 
 

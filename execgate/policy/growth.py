@@ -82,10 +82,10 @@ class GrowthConfig:
     horizon_s: float = 1.0
     # Demand assumed before the first valid sample (a new call is presumed to grow).
     boot_demand_bytes: int = 16 * MiB
-    # AIMD on the yellow slot budget b.
-    budget_initial: int = 1
-    budget_max: int = 4
-    budget_increase_after_s: float = 5.0
+    # AIMD on b, the yellow slot count (`slots`: `budget` is the domain's bytes).
+    slots_initial: int = 1
+    slots_max: int = 4
+    slots_increase_after_s: float = 5.0
     # D_min: a call denied less than this ago stays denied (anti-flapping).
     min_deny_s: float = 1.0
     # D_max: a call denied at least this long is overdue and is checked first.
@@ -114,10 +114,10 @@ class GrowthConfig:
             raise ValueError("horizon_s, period_s and min_run_time_s must be > 0")
         if self.boot_demand_bytes < 0:
             raise ValueError("boot_demand_bytes must be >= 0")
-        if not 1 <= self.budget_initial <= self.budget_max:
-            raise ValueError("need 1 <= budget_initial <= budget_max")
-        if self.budget_increase_after_s <= 0:
-            raise ValueError("budget_increase_after_s must be > 0")
+        if not 1 <= self.slots_initial <= self.slots_max:
+            raise ValueError("need 1 <= slots_initial <= slots_max")
+        if self.slots_increase_after_s <= 0:
+            raise ValueError("slots_increase_after_s must be > 0")
         if not 0 <= self.min_deny_s <= self.overdue_after_s <= self.max_hold_s:
             raise ValueError("need 0 <= min_deny_s <= overdue_after_s <= max_hold_s")
         if self.catchup_s < 0:
@@ -146,7 +146,7 @@ class Reason(enum.StrEnum):
 
     GREEN = "green"  # no pressure: everything runs
     ZERO_DEMAND = "zero_demand"  # Resident/Cooling: not growing, never held
-    ADMITTED = "admitted"  # yellow: within the slot budget b and the headroom
+    ADMITTED = "admitted"  # yellow: within the b slots and the headroom
     PROBE = "probe"  # red: the single headroom-checked probe
     HOLD_CAP = "hold_cap"  # forced: denied for max_hold_s (sched_ext watchdog safety)
     MIN_DENY = "min_deny"  # denied less than D_min ago (anti-flapping)
@@ -198,7 +198,7 @@ class GateDecision:
     at: float
     pressure: Pressure
     headroom_bytes: int
-    budget: int  # b, the yellow slot budget (reported in every state)
+    slots: int  # b, the yellow slot count (reported in every state)
     slot_limit: int | None  # growing calls allowed this period; None = unlimited (green)
     allow: dict[str, bool]
     calls: dict[str, CallDecision]
@@ -351,7 +351,7 @@ class GrowthController:
         self._clock = clock
         self._calls: dict[str, _Call] = {}
         self._done: OrderedDict[str, CallSummary] = OrderedDict()
-        self._budget = self.config.budget_initial
+        self._slots = self.config.slots_initial
         self._pressure: Pressure | None = None
         self._green_since: float | None = None
         self._red_since: float | None = None
@@ -360,8 +360,9 @@ class GrowthController:
         self._domain_budget: int | None = None
 
     @property
-    def budget(self) -> int:
-        return self._budget
+    def slots(self) -> int:
+        """b, the yellow slot count (AIMD)."""
+        return self._slots
 
     # -- the period -------------------------------------------------------------------------
 
@@ -410,7 +411,7 @@ class GrowthController:
             order: tuple[str, ...] = ()
             overdue: set[str] = set()
         else:
-            slot_limit = self._budget if pressure == Pressure.YELLOW else 1
+            slot_limit = self._slots if pressure == Pressure.YELLOW else 1
             verdicts, order, overdue = self._gate(batch, denied_for, pressure, H, slot_limit, now)
 
         calls: dict[str, CallDecision] = {}
@@ -436,7 +437,7 @@ class GrowthController:
             at=now,
             pressure=pressure,
             headroom_bytes=H,
-            budget=self._budget,
+            slots=self._slots,
             slot_limit=slot_limit,
             allow={cid: d.allow for cid, d in calls.items()},
             calls=calls,
@@ -450,13 +451,13 @@ class GrowthController:
         prev = self._pressure
         if prev is not None and pressure > prev:
             # Once per observed increase (green->red counts once), not per period spent high.
-            self._budget = max(1, self._budget // 2)
+            self._slots = max(1, self._slots // 2)
         if pressure == Pressure.GREEN:
             if self._green_since is None:
                 self._green_since = now
-            while now - self._green_since >= cfg.budget_increase_after_s:
-                self._budget = min(cfg.budget_max, self._budget + 1)
-                self._green_since += cfg.budget_increase_after_s
+            while now - self._green_since >= cfg.slots_increase_after_s:
+                self._slots = min(cfg.slots_max, self._slots + 1)
+                self._green_since += cfg.slots_increase_after_s
         else:
             self._green_since = None
         if pressure == Pressure.RED:
@@ -700,7 +701,7 @@ class GrowthController:
         return {
             "at": at,
             "pressure": None if self._pressure is None else str(self._pressure),
-            "budget": self._budget,
+            "slots": self._slots,
             "green_since": self._green_since,
             "red_since": self._red_since,
             "calls": calls,

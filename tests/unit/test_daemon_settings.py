@@ -48,3 +48,18 @@ def test_loading_does_not_touch_the_config_tables() -> None:
     tables = {"growth": {"headroom_reserve_bytes": "128m"}}
     settings.load(Config(tables=tables))
     assert tables == {"growth": {"headroom_reserve_bytes": "128m"}}
+
+
+def test_old_growth_budget_keys_are_read_as_slots_and_warn() -> None:
+    s, errors = settings.load(Config(tables={
+        "growth": {"budget_initial": 2, "budget_max": 6, "budget_increase_after_s": 2.5},
+    }))
+    assert (s.growth.slots_initial, s.growth.slots_max, s.growth.slots_increase_after_s) == (
+        2, 6, 2.5)
+    assert errors == [
+        f"[growth] budget_{name} is deprecated: read as [growth] slots_{name}; rename it"
+        for name in ("initial", "max", "increase_after_s")
+    ]
+    s, errors = settings.load(Config(tables={"growth": {"slots_max": 3, "budget_max": 8}}))
+    assert s.growth.slots_max == 3
+    assert errors == ["[growth] budget_max is deprecated and ignored: [growth] slots_max is set"]

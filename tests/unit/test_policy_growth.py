@@ -122,7 +122,7 @@ def test_defaults_are_table_5() -> None:
     assert c.horizon_s == 1.0
     assert c.boot_demand_bytes == 16 * MiB
     assert GrowthController(c).pressure.safety_margin_bytes == 256 * MiB  # S: [pressure]'s
-    assert (c.budget_initial, c.budget_max, c.budget_increase_after_s) == (1, 4, 5.0)
+    assert (c.slots_initial, c.slots_max, c.slots_increase_after_s) == (1, 4, 5.0)
     assert (c.min_deny_s, c.overdue_after_s, c.max_hold_s) == (1.0, 3.0, 20.0)
     assert c.last_resort_after_s == 2.0
     assert c.critical_headroom_bytes == 64 * MiB
@@ -134,8 +134,8 @@ def test_defaults_are_table_5() -> None:
         {"ewma_alpha": 0.0},
         {"ewma_alpha": 1.5},
         {"max_hold_s": 30.0},  # the sched_ext watchdog ceiling
-        {"budget_initial": 5},
-        {"budget_initial": 0},
+        {"slots_initial": 5},
+        {"slots_initial": 0},
         {"min_deny_s": 4.0},  # D_min > D_max
         {"horizon_s": 0.0},
     ],
@@ -361,7 +361,7 @@ def test_yellow_slot_limit_b() -> None:
     sim.add("cool", rate_mib=-32, memory_mib=1024)
     sim.warm()
     d = sim.step(Y)
-    assert d.budget == 1 and d.slot_limit == 1
+    assert d.slots == 1 and d.slot_limit == 1
     assert d.allow == {"a": False, "b": True, "c": False, "r": True, "cool": True}
     assert d.calls["b"].reason == Reason.ADMITTED
     assert d.calls["a"].reason == d.calls["c"].reason == Reason.NO_SLOT
@@ -369,11 +369,11 @@ def test_yellow_slot_limit_b() -> None:
 
 
 def test_yellow_aggregate_demand_within_headroom() -> None:
-    sim = Sim(budget_initial=4)
+    sim = Sim(slots_initial=4)
     for cid, rate in [("a", 8), ("b", 16), ("c", 24)]:
         sim.add(cid, rate_mib=rate)
     d = sim.step(Y)  # first observation: nothing to compare with, so no halving
-    assert d.budget == 4 and all(d.allow.values())  # 3 * d_boot fits in a large H
+    assert d.slots == 4 and all(d.allow.values())  # 3 * d_boot fits in a large H
     d = sim.step(Y, avail(33))
     # 8 fits (25 left), 16 fits (9 left), 24 doesn't: the headroom binds, not the slots.
     assert d.allow == {"a": True, "b": True, "c": False}
@@ -388,7 +388,7 @@ def test_yellow_slots_and_headroom_both_bind() -> None:
         sim.add(cid, rate_mib=rate, started_at=started)
     sim.step(G, n=81)  # 10 s of green: b = 3
     d = sim.step(Y, avail(100))  # green -> yellow: b = 1
-    assert d.budget == 1
+    assert d.slots == 1
     assert d.allow == {"a": False, "b": False, "c": True}
 
 
@@ -410,7 +410,7 @@ def test_yellow_zero_demand_calls_run_without_headroom_and_reserve_it() -> None:
 
 
 def test_red_single_probe_with_headroom_check() -> None:
-    sim = Sim(budget_initial=4)
+    sim = Sim(slots_initial=4)
     for cid, rate, started in [("a", 24, -1.0), ("b", 8, -3.0), ("c", 16, -2.0)]:
         sim.add(cid, rate_mib=rate, started_at=started)
     sim.add("r", rate_mib=0)
@@ -437,8 +437,8 @@ def test_red_single_probe_with_headroom_check() -> None:
 def test_aimd_additive_increase_per_5s_continuous_green() -> None:
     sim = Sim()
     sim.add("a")
-    budgets = [sim.step(G).budget for _ in range(int(21 / STEP))]  # t = 0 .. 20.875
-    at = {round(i * STEP, 3): b for i, b in enumerate(budgets)}
+    slots = [sim.step(G).slots for _ in range(int(21 / STEP))]  # t = 0 .. 20.875
+    at = {round(i * STEP, 3): b for i, b in enumerate(slots)}
     assert at[4.875] == 1 and at[5.0] == 2
     assert at[9.875] == 2 and at[10.0] == 3
     assert at[15.0] == 4 and at[20.0] == 4  # capped at b_max
@@ -448,25 +448,25 @@ def test_aimd_halves_once_per_pressure_increase() -> None:
     sim = Sim()
     sim.add("a")
     sim.step(G, n=121)
-    assert sim.ctl.budget == 4
-    assert [sim.step(Y).budget for _ in range(10)] == [2] * 10  # once, not per period
-    assert sim.step(R).budget == 1
-    assert sim.step(Y).budget == 1  # a decrease doesn't touch b
-    assert sim.step(R).budget == 1  # floor at 1
+    assert sim.ctl.slots == 4
+    assert [sim.step(Y).slots for _ in range(10)] == [2] * 10  # once, not per period
+    assert sim.step(R).slots == 1
+    assert sim.step(Y).slots == 1  # a decrease doesn't touch b
+    assert sim.step(R).slots == 1  # floor at 1
 
-    sim = Sim(budget_initial=4)
+    sim = Sim(slots_initial=4)
     sim.add("a")
     sim.step(G)
-    assert sim.step(R).budget == 2  # green -> red counts once: 4 -> 2, not 1
-    assert sim.step(R).budget == 2
+    assert sim.step(R).slots == 2  # green -> red counts once: 4 -> 2, not 1
+    assert sim.step(R).slots == 2
 
 
 def test_aimd_green_must_be_continuous() -> None:
-    sim = Sim(budget_initial=2)
+    sim = Sim(slots_initial=2)
     sim.add("a")
     sim.step(G, n=40)  # 4.875 s of green
-    assert sim.step(Y).budget == 1
-    b = [sim.step(G).budget for _ in range(41)]  # the green timer restarted at the yellow
+    assert sim.step(Y).slots == 1
+    b = [sim.step(G).slots for _ in range(41)]  # the green timer restarted at the yellow
     assert b[39] == 1 and b[40] == 2
 
 
@@ -575,7 +575,7 @@ def test_running_call_loses_its_slot_when_it_no_longer_fits() -> None:
 
 def test_overdue_still_needs_headroom() -> None:
     """Overdue changes the order, not the limits: a big overdue call can't break H."""
-    sim = Sim(budget_initial=4)
+    sim = Sim(slots_initial=4)
     sim.add("small", rate_mib=8)
     sim.add("big", rate_mib=64)
     sim.warm()
