@@ -45,6 +45,7 @@ FAKE_RUNC = """#!/bin/sh
 printf '%s\\n' "$@" > "$FAKE_RUNC_OUT.argv"
 while [ $# -gt 0 ]; do [ "$1" = --cgroup ] && cg="$2"; shift; done
 [ -n "$cg" ] && cat "$FAKE_BOX/$cg/memory.oom.group" > "$FAKE_RUNC_OUT.oom" 2>/dev/null
+[ -n "$cg" ] && cat "$FAKE_BOX/$cg/memory.high" > "$FAKE_RUNC_OUT.high" 2>/dev/null
 exit "$FAKE_RUNC_STATUS"
 """
 
@@ -111,14 +112,18 @@ def _read_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 class FakeDaemon:
-    """execgated as the runtime meets it: `admit` answers `queued`, then `admitted`; `done`
-    answers what the growth gate did (nothing). Silent: it reads a request, never answers."""
+    """execgated as the runtime meets it: `admit` answers `queued`, then `admitted` (with
+    `admitted`'s fields); `done` answers what the growth gate did (nothing). Silent: it reads a
+    request and never answers; refuse: the first frame says no; version: what it speaks."""
 
-    def __init__(self, path: str, silent: bool = False) -> None:
+    def __init__(self, path: str, silent: bool = False, refuse: str | None = None,
+                 version: int = 1, **admitted: Any) -> None:
         self.requests: list[dict[str, Any]] = []
-        self.silent = silent
         self.hang_up = threading.Event()
         daemon = self
+
+        def answer(sock: socket.socket, **fields: Any) -> None:
+            sock.sendall(_frame({"v": version, **fields}))
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
@@ -128,17 +133,20 @@ class FakeDaemon:
                         return
                     msg = msgpack.unpackb(body, raw=False)
                     daemon.requests.append(msg)
-                    if daemon.silent:
+                    if silent:
                         daemon.hang_up.wait(10)
                         return
-                    if msg.get("op") == "admit":
-                        self.request.sendall(_frame({"v": 1, "ok": True, "queued": True,
-                                                     "queue": "light", "max_wait_s": 30.0}))
-                        self.request.sendall(_frame({"v": 1, "ok": True, "admitted": True,
-                                                     "waited_s": 0.01, "forced": False}))
+                    if msg.get("op") != "admit":
+                        answer(self.request, ok=True, held_s=0.0, killed_by_execgate=False)
+                    elif refuse:
+                        answer(self.request, ok=False, error=refuse)
                         return
-                    self.request.sendall(_frame({"v": 1, "ok": True, "held_s": 0.0,
-                                                 "killed_by_execgate": False}))
+                    else:
+                        answer(self.request, ok=True, queued=True, queue="light",
+                               max_wait_s=30.0)
+                        answer(self.request, **{"ok": True, "admitted": True, "waited_s": 0.01,
+                                                "forced": False, **admitted})
+                        return
 
         self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,))
@@ -183,9 +191,9 @@ class Box:
         self.runc.chmod(0o755)
         self.out = tmp / "runc-out"
 
-    def config(self, timeout_ms: int = 200) -> dict[str, Any]:
+    def config(self, timeout_ms: int = 200, **more: Any) -> dict[str, Any]:
         return {"state_dir": str(self.state), "journal": str(self.journal),
-                "socket": str(self.socket), "daemon_timeout_ms": timeout_ms}
+                "socket": str(self.socket), "daemon_timeout_ms": timeout_ms, **more}
 
     def process_spec(self, args: list[str], hint: str | None = None) -> str:
         env = ["PATH=/usr/bin:/bin", "HOME=/root"]
@@ -204,14 +212,15 @@ class Box:
         return Context(inv=cli.parse(argv), config=Config(**self.config(timeout_ms)),
                        log=RuncLog(str(self.log), "json"), runc=str(self.runc))
 
-    def run(self, argv: list[str], timeout_ms: int = 200, status: int = 3
+    def run(self, argv: list[str], timeout_ms: int = 200, status: int = 3, **config: Any
             ) -> subprocess.CompletedProcess[str]:
         """The runtime process for one exec, to its end and its watcher's."""
         env = {**os.environ, "PYTHONPATH": REPO, "FAKE_BOX": str(self.cg),
                "FAKE_RUNC_OUT": str(self.out), "FAKE_RUNC_STATUS": str(status)}
+        cfg = json.dumps(self.config(timeout_ms, **config))
         proc = subprocess.run(
-            [sys.executable, "-c", DRIVER, str(self.root), json.dumps(self.config(timeout_ms)),
-             str(self.log), str(self.runc), json.dumps(argv)],
+            [sys.executable, "-c", DRIVER, str(self.root), cfg, str(self.log), str(self.runc),
+             json.dumps(argv)],
             env=env, capture_output=True, text=True, timeout=20)
         self.wait_for_watchers()
         return proc
@@ -228,6 +237,17 @@ class Box:
 
     def runc_argv(self) -> list[str]:
         return self.out.with_suffix(".argv").read_text().splitlines()
+
+    def tool_name(self, argv: list[str]) -> str:
+        """The call's cgroup, as runc was told it: argv spliced with `--cgroup tool-<hex>`."""
+        ran = self.runc_argv()
+        name = ran[ran.index("--cgroup") + 1]
+        assert TOOL.fullmatch(name)
+        assert ran == _spliced(argv, name)
+        return name
+
+    def warnings(self) -> list[str]:
+        return [line["msg"] for line in self.log_lines() if line["level"] == "warning"]
 
     def journal_entries(self) -> list[dict[str, Any]]:
         if not self.journal.exists():
@@ -290,11 +310,9 @@ def test_a_managed_call_is_admitted_and_runs_in_its_own_cgroup(
     assert proc.returncode == 3, proc.stderr  # runc's status is the exec's
     assert proc.stderr == ""  # nothing to tell the agent
 
-    ran = box.runc_argv()
-    name = ran[ran.index("--cgroup") + 1]
-    assert TOOL.fullmatch(name)
-    assert ran == _spliced(argv, name)
+    name = box.tool_name(argv)
     assert box.out.with_suffix(".oom").read_text().strip() == "1"  # memory.oom.group
+    assert box.out.with_suffix(".high").read_text().strip() == "max"  # not set by default
 
     admit, done = daemon.requests
     assert admit["v"] == 1 and admit["op"] == "admit"
@@ -310,7 +328,29 @@ def test_a_managed_call_is_admitted_and_runs_in_its_own_cgroup(
     assert entry["cgroup"] == str(box.cg / name) and entry["argv"] == ["pytest", "-x", "tests/"]
     assert entry["waited_s"] == 0.01 and entry["forced"] is False
     assert box.tools() == []  # the watcher removed the call's cgroup
-    assert [line for line in box.log_lines() if line["level"] != "debug"] == []
+    assert box.warnings() == []
+
+
+def test_a_declared_size_becomes_memory_high_when_configured(box: Box,
+                                                             daemon: FakeDaemon) -> None:
+    argv = box.argv(box.process_spec(["cargo", "build"], "mem=300m"))
+    assert box.run(argv, status=0, memory_high_from_hint=True).returncode == 0
+    box.tool_name(argv)
+    assert box.out.with_suffix(".high").read_text().strip() == str(300 * MiB)
+
+
+def test_a_long_wait_for_admission_is_explained_to_the_agent(tmp_path: Path) -> None:
+    box = Box(tmp_path)
+    slow = FakeDaemon(str(box.socket), waited_s=3.5)
+    try:
+        argv = box.argv(box.process_spec(["pip", "install", "torch"]))
+        proc = box.run(argv, status=0)
+    finally:
+        slow.close()
+    assert proc.returncode == 0
+    assert "waited 3.5" in proc.stderr and "delayed, not hung" in proc.stderr
+    (entry,) = box.journal_entries()
+    assert entry["call"] == box.tool_name(argv) and entry["waited_s"] == 3.5
 
 
 def test_a_malformed_hint_never_fails_the_exec_and_the_agent_is_told_once(
@@ -320,13 +360,10 @@ def test_a_malformed_hint_never_fails_the_exec_and_the_agent_is_told_once(
     assert first.returncode == 0
     assert "Ignored AGENT_RESOURCE_HINT='memory=lots'" in first.stderr
     assert "ran without a hint" in first.stderr
-    ran = box.runc_argv()
-    name = ran[ran.index("--cgroup") + 1]
-    assert ran == _spliced(argv, name)
+    name = box.tool_name(argv)
     admit = daemon.requests[0]
     assert admit["op"] == "admit" and admit["call"] == name and admit["hint"] is None
-    assert any("AGENT_RESOURCE_HINT ignored" in line["msg"] and line["level"] == "warning"
-               for line in box.log_lines())
+    assert any("AGENT_RESOURCE_HINT ignored" in m for m in box.warnings())
 
     second = box.run(box.argv(box.process_spec(["make", "-j8"], "memory=lots")), status=0)
     assert second.returncode == 0 and second.stderr == ""  # told once per sandbox and value
@@ -347,27 +384,44 @@ def test_a_daemon_that_does_not_answer_in_time_lets_the_call_run_unmanaged(box: 
     finally:
         silent.close()
     assert proc.returncode == 0, proc.stderr
-    ran = box.runc_argv()
-    name = ran[ran.index("--cgroup") + 1]
-    assert ran == _spliced(argv, name)  # in its own cgroup still
+    name = box.tool_name(argv)  # in its own cgroup still
     assert took < 5.0
     assert silent.ops() == ["admit"]  # and no `done` for a call the daemon never admitted
-    warnings = [line["msg"] for line in box.log_lines() if line["level"] == "warning"]
-    assert any("daemon unavailable" in m and "running unmanaged" in m for m in warnings)
+    assert any("daemon unavailable" in m and "running unmanaged" in m for m in box.warnings())
     (entry,) = box.journal_entries()
     assert entry["call"] == name and entry["managed"] is False
     assert (box.cg / "init" / "cgroup.freeze").read_text().strip() == "0"  # thawed for it
     assert box.tools() == []
 
 
+@pytest.mark.parametrize(("peer", "logged"), [
+    ({"refuse": "admission is off"}, "daemon refused: admission is off; running unmanaged"),
+    ({"version": 2}, "protocol v2"),
+])
+def test_a_daemon_that_says_no_or_speaks_another_protocol_is_not_followed(
+        tmp_path: Path, peer: dict[str, Any], logged: str) -> None:
+    box = Box(tmp_path)
+    other = FakeDaemon(str(box.socket), **peer)
+    try:
+        argv = box.argv(box.process_spec(["ls"]))
+        proc = box.run(argv, status=0)
+    finally:
+        other.close()
+    assert proc.returncode == 0, proc.stderr
+    name = box.tool_name(argv)
+    assert other.ops() == ["admit"]
+    assert any(logged in m for m in box.warnings()), box.warnings()
+    (entry,) = box.journal_entries()
+    assert entry["call"] == name and entry["managed"] is False
+
+
 def test_without_a_daemon_socket_the_call_runs_unmanaged(box: Box) -> None:
     argv = box.argv(box.process_spec(["true"]))
-    proc = box.run(argv, status=0)
-    assert proc.returncode == 0, proc.stderr
-    ran = box.runc_argv()
-    assert ran == _spliced(argv, ran[ran.index("--cgroup") + 1])
+    assert box.run(argv, status=0).returncode == 0
+    name = box.tool_name(argv)
     (entry,) = box.journal_entries()
-    assert entry["managed"] is False and entry["hint"] is None
+    assert entry["call"] == name and entry["managed"] is False and entry["hint"] is None
+    assert box.warnings() == []  # a daemon not installed is no trouble
 
 
 # -- passthrough ---------------------------------------------------------------------------------
@@ -392,6 +446,5 @@ def test_what_is_not_ours_passes_through_untouched(tmp_path: Path, case: str) ->
         daemon.close()
     assert daemon.requests == []
     assert box.tools() == [] and box.journal_entries() == []
-    warnings = [line["msg"] for line in box.log_lines() if line["level"] == "warning"]
     unprepared = f"execgate: exec in box: {box.cg} lacks init/; running unmanaged"
-    assert warnings == ([unprepared] if case == "not prepared" else [])
+    assert box.warnings() == ([unprepared] if case == "not prepared" else [])
