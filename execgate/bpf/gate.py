@@ -1,5 +1,4 @@
-"""The growth gate's sched_ext scheduler: holds the tasks of denied tool-call cgroups, releases
-allowed ones.
+"""The growth gate's sched_ext scheduler: holds denied tool-call cgroups, releases allowed ones.
 
 :class:`Gate` drives the scheduler in ``gate.bpf.c``. Denied cgroups' runnable tasks are parked
 in a held dispatch queue (they get no CPU, so their next allocations wait) and moved back when
@@ -33,7 +32,6 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from typing import Any
 from execgate.bpf import loader
 from execgate.bpf import syscall as _sys
 from execgate.bpf.loader import BPFFS, DEFAULT_BUILD_DIR
+from execgate.bpf.scx import SCX_SYSFS, scheduler_name, state, wait_state
 from execgate.cgroups.freeze import thaw_all
 from execgate.cgroups.ids import CGROUP_ROOT, CgroupRef, cgroup_id, cgroup_path, protected_ids
 
@@ -51,7 +50,6 @@ _attr, _syscall_bpf = _sys._attr, _sys._syscall_bpf
 
 SRC = Path(__file__).resolve().with_name("gate.bpf.c")
 SCHED_NAME = "execgate"  # sched_ext_ops.name in gate.bpf.c
-SCX_SYSFS = "/sys/kernel/sched_ext"
 DEFAULT_PIN_DIR = "/sys/fs/bpf/execgate"
 
 # Pinned objects: libbpf pins each map at BPFFS/<map name> (LIBBPF_PIN_BY_NAME); the loader
@@ -73,41 +71,6 @@ GateUnavailable = loader.BpfUnavailable
 
 class GateBusy(GateError):
     """A sched_ext scheduler (another one, or a stale execgate) is already loaded."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Kernel state
-# ---------------------------------------------------------------------------------------------
-
-def state(sysfs: str = SCX_SYSFS) -> str:
-    """sched_ext's state: ``enabled``, ``disabled``, ``enabling``, ``disabling``, or
-    ``unsupported`` when the kernel has no sched_ext. A scheduler the kernel ejected (watchdog,
-    error) shows as ``disabled``."""
-    try:
-        with open(os.path.join(sysfs, "state")) as f:
-            return f.read().strip() or "unknown"
-    except FileNotFoundError:
-        return "unsupported"
-
-
-def scheduler_name(sysfs: str = SCX_SYSFS) -> str | None:
-    """The loaded scheduler's name (``/sys/kernel/sched_ext/root/ops``), None if none."""
-    try:
-        with open(os.path.join(sysfs, "root", "ops")) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def wait_state(want: Iterable[str], timeout: float = 10.0, sysfs: str = SCX_SYSFS) -> str:
-    """Polls :func:`state` until it is one of ``want`` or ``timeout`` passes; returns it."""
-    want = set(want)
-    deadline = time.monotonic() + timeout
-    while True:
-        st = state(sysfs)
-        if st in want or time.monotonic() >= deadline:
-            return st
-        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from execgate.bpf.gate import (
     DEFAULT_PIN_DIR,
     DEFAULT_SCAN_MS,
     SCHED_NAME,
-    SCX_SYSFS,
     Gate,
     GateBusy,
     GateError,
@@ -25,10 +24,8 @@ from execgate.bpf.gate import (
     build,
     load,
     recover,
-    scheduler_name,
-    state,
-    wait_state,
 )
+from execgate.bpf.scx import SCX_SYSFS, scheduler_name, state, wait_state
 from execgate.cgroups.ids import CGROUP_ROOT, CgroupRef, cgroup_path, find_cgroup, protected_ids
 
 
