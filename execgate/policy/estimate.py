@@ -23,32 +23,33 @@ default, using in order:
 A call killed by the OOM killer only shows how far it got, not what it needed: its observed peak
 is scaled by `oom_peak_factor` before it enters any history.
 
-Command classes come from the argv (`classify_command`), seeing through shell wrappers
-(`sh -c "…"`, `bash -lc "…"`), `timeout`, `env`, `nice`, env assignments and `cd x && …` chains;
-a chain is classified by its heaviest command.
+Command classes come from the argv (`common.commands.classify_command`, the one classifier the
+agent feedback uses too), seeing through shell wrappers, `timeout`, `env`, `sudo`, env
+assignments and `cd x && …` chains; a chain is classified by its heaviest command.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
-import shlex
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from execgate.common.commands import ASSIGNMENT, NODE_PMS, PYTHON, RUNNERS, SHELLS
+from execgate.common.commands import (
+    BUILD_INSTALL,
+    GIT,
+    LIGHT,
+    OTHER,
+    TEST,
+    classify_command,
+)
 
 MiB = 1 << 20
 GiB = 1 << 30
 
 PRIORITIES = ("high", "normal", "low")
 
-# Command classes, lightest first: a chain is classified by the one ranked last.
-LIGHT, GIT, OTHER, BUILD_INSTALL, TEST = "light", "git", "other", "build_install", "test"
-CLASS_RANK = {LIGHT: 0, GIT: 1, OTHER: 2, BUILD_INSTALL: 3, TEST: 4}
 
 
 @dataclass(frozen=True)
@@ -136,214 +137,6 @@ class EstimateConfig:
             BUILD_INSTALL: self.build_install_peak_bytes,
             TEST: self.test_peak_bytes,
         }[command_class]
-
-
-# ---------------------------------------------------------------------------------------------
-# Command classes
-
-# Reading, searching and small file operations; shell builtins (so `cd x && cmd` is `cmd`).
-_LIGHT = frozenset[str]().union(
-    {"grep", "egrep", "fgrep", "rg", "ag", "ls", "cat", "find", "fd", "head", "tail", "sed", "awk"},
-    {"gawk", "mawk", "echo", "printf", "wc", "tree", "pwd", "cd", "pushd", "popd", "true", "false"},
-    {":", "export", "unset", "set", "source", ".", "alias", "test", "[", "sleep", "mkdir", "rmdir"},
-    {"touch", "rm", "cp", "mv", "ln", "stat", "which", "type", "whoami", "id", "date", "basename"},
-    {"dirname", "readlink", "realpath", "diff", "cmp", "tr", "cut", "uniq", "tee", "chmod"},
-    {"chown", "file", "du", "df", "nl", "rev", "less", "more"},
-)
-_TEST_TOOLS = frozenset(
-    {"pytest", "py.test", "tox", "nox", "jest", "vitest", "mocha", "rspec", "phpunit", "ctest"}
-)
-_COMPILERS = re.compile(
-    r"(gcc|g\+\+|cc|c\+\+|clang|clang\+\+|ld|ld\.lld|rustc|javac|tsc|cmake|meson|scons)(-[\d.]+)?"
-)
-_MAKE = frozenset({"make", "gmake", "bmake", "ninja"})
-_BUILD_TOOLS = frozenset({"mvn", "gradle", "gradlew", "bazel", "bazelisk", "dotnet"})
-_PIP = re.compile(r"pip(\d+(\.\d+)?)?")
-_PKG_MANAGERS = frozenset(
-    {"apt", "apt-get", "aptitude", "yum", "dnf", "apk", "zypper", "conda", "mamba", "gem", "brew"}
-)
-_INSTALL_VERBS = frozenset({"install", "add", "upgrade", "update", "build", "sync", "download"})
-_NPX = frozenset({"npx", "pnpx", "bunx"})
-_SEPARATOR_CHARS = frozenset(";&|()\n")
-_MAX_DEPTH = 8
-
-
-def _heaviest(classes: Sequence[str]) -> str:
-    return max(classes, key=CLASS_RANK.__getitem__) if classes else LIGHT
-
-
-def _first_operand(args: Sequence[str]) -> tuple[str, int]:
-    """The first argument that is not an option, and its index ('' and len if none)."""
-    for i, a in enumerate(args):
-        if not a.startswith("-") and not a.startswith("+"):
-            return a, i
-    return "", len(args)
-
-
-def _is_test_target(word: str) -> bool:
-    return word.startswith("test") or word in ("check", "unittest")
-
-
-def _skip_options(args: Sequence[str], with_value: frozenset[str]) -> int:
-    """Index of the first operand, skipping options (and the values of those in with_value)."""
-    i = 0
-    while i < len(args) and args[i].startswith("-") and args[i] != "-":
-        if args[i] == "--":
-            return i + 1
-        i += 2 if args[i] in with_value else 1
-    return i
-
-
-def _classify_string(command: str, depth: int) -> str:
-    """Classify a shell command string: the heaviest simple command in it."""
-    try:
-        lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|()<>\n")
-        lexer.whitespace_split = True
-        lexer.whitespace = " \t\r"
-        tokens = list(lexer)
-    except ValueError:  # unbalanced quotes: fall back to a plain split
-        tokens = command.split()
-    classes: list[str] = []
-    current: list[str] = []
-    skip_next = False
-    for tok in tokens:
-        if skip_next:  # the target of a redirection
-            skip_next = False
-        elif tok and set(tok) <= _SEPARATOR_CHARS:
-            if current:
-                classes.append(_classify_simple(current, depth))
-            current = []
-        elif tok and tok[0] in "<>" and set(tok) <= set("<>&|"):
-            skip_next = True
-        else:
-            current.append(tok)
-    if current:
-        classes.append(_classify_simple(current, depth))
-    return _heaviest(classes) if classes else OTHER
-
-
-def _classify_simple(argv: Sequence[str], depth: int) -> str:
-    """Classify one simple command, unwrapping transparent prefixes first."""
-    args = list(argv)
-    while True:
-        while args and ASSIGNMENT.fullmatch(args[0]):
-            args.pop(0)
-        if not args:
-            return LIGHT  # only assignments
-        head, rest = os.path.basename(args[0]), args[1:]
-        if head == "env":
-            i = _skip_options(rest, frozenset({"-u", "--unset", "-C", "--chdir", "-S"}))
-            args = rest[i:]
-        elif head == "timeout":
-            i = _skip_options(rest, frozenset({"-s", "--signal", "-k", "--kill-after"}))
-            args = rest[i + 1 :]  # drop the duration
-        elif head == "nice":
-            i = _skip_options(rest, frozenset({"-n", "--adjustment"}))
-            args = rest[i:]
-        elif head in ("nohup", "time", "exec", "command", "stdbuf", "ionice", "builtin"):
-            valued = frozenset({"-c", "-n", "-p"} if head == "ionice" else {"-a"})
-            args = rest[_skip_options(rest, valued) :]
-        elif head in RUNNERS and rest[:1] == ["run"]:
-            args = rest[1 + _skip_options(rest[1:], frozenset({"--with", "-p", "--python"})) :]
-        elif head in SHELLS:
-            return _classify_shell(rest, depth)
-        else:
-            return _classify_command(head, rest)
-        if not args:
-            return LIGHT
-
-
-def _classify_shell(args: Sequence[str], depth: int) -> str:
-    """`sh -c "…"`, `bash -lc "…"`, `bash -e -o pipefail -c "…"`: classify the string."""
-    i = 0
-    has_c = False
-    while i < len(args) and args[i].startswith(("-", "+")) and args[i] not in ("-", "--"):
-        opt = args[i]
-        if opt in ("-o", "+o", "-O", "+O"):
-            i += 1  # takes a value
-        elif not opt.startswith("--") and "c" in opt[1:]:
-            has_c = True
-        i += 1
-    if has_c and i < len(args) and depth < _MAX_DEPTH:
-        return _classify_string(args[i], depth + 1)
-    return OTHER  # a script or an interactive shell: nothing to see
-
-
-def _classify_command(head: str, args: Sequence[str]) -> str:
-    """Rules for one command name and its arguments."""
-    if head in _LIGHT:
-        return LIGHT
-    if head == "git":
-        return GIT
-    if head in _TEST_TOOLS:
-        return TEST
-    verb, vi = _first_operand(args)
-    if PYTHON.fullmatch(head):
-        if "-m" in args:
-            j = args.index("-m")
-            module = args[j + 1] if j + 1 < len(args) else ""
-            tail = args[j + 2 :]
-            if module in ("pytest", "tox", "nox", "unittest"):
-                return TEST
-            if module == "pip":
-                sub, _ = _first_operand(tail)
-                return BUILD_INSTALL if sub in ("install", "download", "wheel") else OTHER
-            if module == "build":
-                return BUILD_INSTALL
-            return OTHER
-        if "-c" in args[: vi + 1]:
-            return OTHER
-        if os.path.basename(verb) == "setup.py":
-            return BUILD_INSTALL
-        return OTHER
-    if _PIP.fullmatch(head):
-        return BUILD_INSTALL if verb in ("install", "download", "wheel") else OTHER
-    if head == "uv":
-        if verb == "pip":
-            sub, _ = _first_operand(args[vi + 1 :])
-            return BUILD_INSTALL if sub in ("install", "sync", "compile") else OTHER
-        return BUILD_INSTALL if verb in ("sync", "add", "build", "lock") else OTHER
-    if head == "go":
-        if verb == "test":
-            return TEST
-        return BUILD_INSTALL if verb in ("build", "install", "get", "mod", "run") else OTHER
-    if head == "cargo":
-        if verb in ("test", "t", "nextest", "bench"):
-            return TEST
-        build = ("build", "b", "install", "check", "c", "clippy", "doc", "run", "r", "fetch")
-        return BUILD_INSTALL if verb in build else OTHER
-    if head in NODE_PMS:
-        if verb in ("test", "t", "tst"):
-            return TEST
-        if verb == "run":
-            script, _ = _first_operand(args[vi + 1 :])
-            if _is_test_target(script):
-                return TEST
-            return BUILD_INSTALL if script.startswith("build") else OTHER
-        if verb in ("install", "i", "ci", "add", "update", "upgrade") or (
-            head == "yarn" and not verb
-        ):
-            return BUILD_INSTALL
-        return OTHER
-    if head in _NPX:
-        if verb in ("jest", "vitest", "mocha", "playwright"):
-            return TEST
-        return BUILD_INSTALL if verb in ("tsc", "webpack", "vite") else OTHER
-    if head in _MAKE or head in _BUILD_TOOLS:  # `make check`, `mvn test`, `bazel test //…`
-        wants_test = any(_is_test_target(a) for a in args if not a.startswith("-"))
-        return TEST if wants_test else BUILD_INSTALL
-    if _COMPILERS.fullmatch(head):
-        return BUILD_INSTALL
-    if head in _PKG_MANAGERS:
-        return BUILD_INSTALL if verb in _INSTALL_VERBS else OTHER
-    return OTHER
-
-
-def classify_command(argv: Sequence[str]) -> str:
-    """The command class of an argv: 'test', 'build_install', 'git', 'light' or 'other'."""
-    if not argv:
-        return OTHER
-    return _classify_simple(list(argv), 0)
 
 
 # ---------------------------------------------------------------------------------------------
