@@ -12,10 +12,12 @@ running tasks, so per operation we recover
   execgate the same gap also holds the admission wait, which the simulator adds itself);
 * rm: next attempt's start (or the task's end) - the attempt's end;
 
-against n, the running tasks (live or starting sandboxes) when it began. Each is fitted as
-``a + b * clamp(n - lo, 0, hi - lo)``: flat while the control plane keeps up, linear in the live
-sandboxes, flat again once the two vCPUs saturate; lo and hi are chosen by least squares over
-integers. Stdlib only.
+against n, the running tasks (live or starting sandboxes) averaged over the operation (a docker
+run that starts alone and is joined by ten more is slow because of the ten). The simulator uses
+the fit as a *rate*: an operation progresses at 1/cost(n(t)) while n changes under it. Each is
+fitted as ``a + b * clamp(n - k, 0, hi - k)``: flat while the control plane keeps up, linear in
+the live sandboxes once it falls behind, flat again once the two vCPUs saturate; the knees k and
+hi are chosen by least squares over integers. Stdlib only.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import gzip
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -37,11 +39,12 @@ OPS = ("run", "exec", "rm")
 
 @dataclass(frozen=True)
 class Fit:
-    """y = a + b * clamp(n - lo, 0, hi - lo) seconds, with how well it fits."""
+    """y = a + b1 * min(n, k) + b2 * clamp(n - k, 0, hi - k) seconds, and how well it fits."""
 
     a: float
-    b: float
-    lo: int = 0
+    b1: float = 0.0
+    b2: float = 0.0
+    k: int = 0
     hi: int = 0
     n_points: int = 0
     rmse: float = 0.0
@@ -49,12 +52,18 @@ class Fit:
     mean_y: float = 0.0
 
     def __call__(self, n: int) -> float:
-        return max(0.0, self.a + self.b * min(max(n - self.lo, 0), self.hi - self.lo))
+        n = max(n, 0)
+        return max(0.0, self.a + self.b1 * min(n, self.k)
+                   + self.b2 * min(max(n - self.k, 0), self.hi - self.k))
+
+    def shifted(self, d: float) -> Fit:
+        return Fit(self.a + d, self.b1, self.b2, self.k, self.hi)
 
     def describe(self) -> str:
-        return (f"{self.a:6.2f} + {self.b:5.2f}*clamp(n-{self.lo},0,{self.hi - self.lo}) s  "
-                f"(N={self.n_points}, RMSE {self.rmse:5.1f} s, R^2 {self.r2:.2f}, "
-                f"mean {self.mean_y:5.1f} s)")
+        gentle = f" + {self.b1:.2f}*min(n,{self.k})" if self.b1 else ""
+        return (f"{self.a:6.2f}{gentle} + {self.b2:5.2f}*clamp(n-{self.k},0,{self.hi - self.k})"
+                f" s  (N={self.n_points}, RMSE {self.rmse:5.1f} s, R^2 {self.r2:.2f}, mean "
+                f"{self.mean_y:5.1f} s)")
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ class CostModel:
 
 def fixed(run_s: float = 0.0, exec_s: float = 0.0, rm_s: float = 0.0) -> CostModel:
     """Constant costs (0 = an ideal control plane; ~1, 0.05, 0.5 s is a hardware host)."""
-    return CostModel(Fit(run_s, 0.0), Fit(exec_s, 0.0), Fit(rm_s, 0.0),
+    return CostModel(Fit(run_s), Fit(exec_s), Fit(rm_s),
                      source=f"fixed run {run_s:g} s, exec {exec_s:g} s, rm {rm_s:g} s")
 
 
@@ -113,8 +122,13 @@ def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime:
         rows = run["samples"]["rows"]
         times = [r[0] for r in rows]
 
-        def live(t: float, rows: list[Any] = rows, times: list[float] = times) -> int:
-            return int(rows[max(0, bisect.bisect_right(times, t) - 1)][2]) if rows else 0
+        def live(t0: float, t1: float, rows: list[Any] = rows, times: list[float] = times) -> int:
+            """Mean running tasks over [t0, t1] from the 150 ms samples, rounded."""
+            if not rows:
+                return 0
+            i = max(0, bisect.bisect_right(times, t0) - 1)
+            vals = [r[2] for r in rows[i:max(bisect.bisect_right(times, t1), i + 1)]]
+            return round(sum(vals) / len(vals))
 
         calls = {(c["task"], c["attempt"], c["call"]): c for c in run["calls"]}
         by_task: dict[str, list[dict[str, Any]]] = {}
@@ -125,36 +139,53 @@ def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime:
             if first is None or task is None or not task.steps:
                 continue
             opening = task.steps[0].duration_s if isinstance(task.steps[0], LlmWait) else 0.0
-            out["run"].append((live(a["start"]), first["start"] - a["start"] - opening))
+            end = first["start"] - opening
+            out["run"].append((live(a["start"], end), end - a["start"]))
         for c in run["calls"]:
             if c["exit"] == 0 and pure:
-                out["exec"].append((live(c["start"]), c["end"] - c["start"] - c["duration_s"]))
+                out["exec"].append((live(c["start"], c["end"]),
+                                    c["end"] - c["start"] - c["duration_s"]))
         ends = {t["id"]: t.get("end_s") for t in run["tasks"]}
         for tid, atts in by_task.items():
             atts.sort(key=lambda a: a["attempt"])
             for a, b in pairwise(atts):
-                out["rm"].append((live(a["end"]), b["start"] - a["end"]))
-            if atts and ends.get(tid) is not None:
-                out["rm"].append((live(atts[-1]["end"]), ends[tid] - atts[-1]["end"]))
+                out["rm"].append((live(a["end"], b["start"]), b["start"] - a["end"]))
+            end = ends.get(tid)
+            if atts and end is not None:
+                out["rm"].append((live(atts[-1]["end"], end), end - atts[-1]["end"]))
     return out
 
 
-def _linear(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return my, 0.0
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return my - b * mx, b
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Gauss-Jordan elimination of the normal equations; None if singular."""
+    n = len(v)
+    a = [[*row, x] for row, x in zip(m, v, strict=True)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[p][c]) < 1e-9:
+            return None
+        a[c], a[p] = a[p], a[c]
+        for r in range(n):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=True)]
+    return [a[r][n] / a[r][r] for r in range(n)]
 
 
-def fit(points: Sequence[tuple[int, float]]) -> Fit:
-    """Least squares of y = a + b * clamp(n - lo, 0, hi - lo) over a, b and integer lo < hi:
-    flat while the control plane keeps up, linear in the live sandboxes, flat again once the
-    two vCPUs are saturated (every operation then waits behind the same queue)."""
+def _lstsq(cols: list[list[float]], ys: Sequence[float]) -> list[float] | None:
+    m = [[sum(x * y for x, y in zip(ci, cj, strict=True)) for cj in cols] for ci in cols]
+    v = [sum(x * y for x, y in zip(ci, ys, strict=True)) for ci in cols]
+    return _solve(m, v)
+
+
+def fit(points: Sequence[tuple[int, float]], gentle: bool = False) -> Fit:
+    """Least squares of y = a + b1 * min(n, k) + b2 * clamp(n - k, 0, hi - k) over a, b2 (and
+    b1 if `gentle`; else b1 = 0) and the integers k < hi: flat (or gently rising) while the
+    control plane keeps up, linear once it falls behind, flat once the two vCPUs are saturated
+    (every operation then waits behind the same queue). On the VM sweep the gentle slope buys
+    no accuracy (R^2 0.78/0.85/0.76 against 0.78/0.85/0.75), so the default leaves it out."""
     if not points:
-        return Fit(0.0, 0.0)
+        return Fit(0.0)
     ns = [n for n, _ in points]
     ys = [y for _, y in points]
     my = sum(ys) / len(ys)
@@ -162,17 +193,22 @@ def fit(points: Sequence[tuple[int, float]]) -> Fit:
     best: Fit | None = None
     best_sse = math.inf
     top = max(ns)
-    for lo in range(0, top):
-        for hi in range(lo + 1, top + 1):
-            xs = [min(max(n - lo, 0), hi - lo) for n in ns]
-            a, b = _linear(xs, ys)
-            sse = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    for k in range(0 if not gentle else 1, top):
+        for hi in range(k + 1, top + 1):
+            c1 = [float(min(n, k)) for n in ns]
+            c2 = [float(min(max(n - k, 0), hi - k)) for n in ns]
+            sol = _lstsq([[1.0] * len(ns), c1, c2] if gentle else [[1.0] * len(ns), c2], ys)
+            if sol is None:
+                continue
+            a, b1, b2 = sol if gentle else (sol[0], 0.0, sol[1])
+            sse = sum((y - a - b1 * x1 - b2 * x2) ** 2
+                      for x1, x2, y in zip(c1, c2, ys, strict=True))
             if sse < best_sse - 1e-9:
                 best_sse = sse
-                best = Fit(a, b, lo, hi, len(ys), math.sqrt(sse / len(ys)),
+                best = Fit(a, b1, b2, k, hi, len(ys), math.sqrt(sse / len(ys)),
                            1 - sse / sst if sst else 1.0, my)
-    if best is None:  # a single n: the mean
-        return Fit(my, 0.0, 0, 0, len(ys), math.sqrt(sst / len(ys)), 0.0, my)
+    if best is None:  # too few distinct n: the mean
+        return Fit(my, n_points=len(ys), rmse=math.sqrt(sst / len(ys)), mean_y=my)
     return best
 
 
@@ -180,8 +216,8 @@ def fit_results(results: Mapping[str, Any], tasks: Mapping[str, Task]) -> dict[s
     """One model per runtime the results used. runc's is fitted as above; another runtime's
     (execgate: its wrapper starts a Python process per create and per exec, which TCG makes
     cost seconds) is runc's shape plus one constant per operation, the mean of its own
-    measurements' residuals against runc's fit: its runs are fewer and, at 8.6x, chaotic
-    (sandboxes dying mid-create), too few for a shape of their own."""
+    measurements' residuals against runc's fit (its runs are too few for a shape of their own;
+    exec from its 1x run only, the one in which no call waited)."""
     runc_obs = observations(results, tasks, "runc")
     base = {op: fit(runc_obs[op]) for op in OPS}
     models = {"runc": CostModel(base["run"], base["exec"], base["rm"],
@@ -197,8 +233,8 @@ def fit_results(results: Mapping[str, Any], tasks: Mapping[str, Task]) -> dict[s
                 continue
             d = sum(res) / len(res)
             rmse = math.sqrt(sum((r - d) ** 2 for r in res) / len(res))
-            fits[op] = Fit(f.a + d, f.b, f.lo, f.hi, len(res), rmse, 0.0,
-                           sum(y for _, y in obs[op]) / len(res))
+            fits[op] = replace(f.shifted(d), n_points=len(res), rmse=rmse,
+                               mean_y=sum(y for _, y in obs[op]) / len(res))
         models[rt] = CostModel(fits["run"], fits["exec"], fits["rm"],
                                source=f"runc's fit + a constant per operation from {rt}'s runs")
     return models

@@ -35,7 +35,9 @@ from bench.trace import LlmWait, Task, memload_argv, profiled_peak
 OOM_EXIT = 137
 DEFAULT_OOM_ADJ = 500  # execgate's tool_oom_score_adj default
 
-# What a task waits for: ("sleep", seconds), ("admission", call id), ("process", SimCall).
+# What a task waits for: ("sleep", seconds), ("op", (name, work)), ("admission", None),
+# ("process", SimCall). An op is a control-plane operation (run, exec, rm) of `work` units: it
+# progresses at 1/cost(n) per second while n, the live sandboxes, changes under it.
 Wait = tuple[str, Any]
 
 
@@ -69,6 +71,7 @@ class _TaskState:
     call_id: str | None = None
     argv: list[str] = field(default_factory=list)  # the queued call's, for the estimator
     declared: int | None = None
+    op: tuple[str, float, float] | None = None  # (name, work left, as of when)
 
 
 class Simulation:
@@ -104,6 +107,7 @@ class Simulation:
             self.hands = ExecgateHands(settings, self.domain, lambda: self.now,
                                        self.s.residency_period_s)
         self.waiters: dict[str, _TaskState] = {}  # call id -> task waiting in admission
+        self.in_op: set[_TaskState] = set()
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -121,6 +125,11 @@ class Simulation:
         st.waiting = kind
         if kind == "sleep":
             self._wake(st, self.now + max(arg, 0.0))
+        elif kind == "op":
+            name, work = arg
+            st.op = (name, work, self.now)
+            self.in_op.add(st)
+            self._wake(st, self.now + work * getattr(self.cost, name)(self.live), "op")
         elif kind == "admission":
             st.token += 1  # woken by a decision, not a timer
             assert self.hands is not None and st.call_id is not None and st.box is not None
@@ -133,6 +142,20 @@ class Simulation:
             if self.hands is not None:
                 self.hands.started(call)
             self._wake(st, call.started + call.duration_s, "end")
+
+    def _set_live(self, delta: int) -> None:
+        """n changes: every operation in flight re-plans its end at the new rate."""
+        old, self.live = self.live, self.live + delta
+        for st in self.in_op:
+            assert st.op is not None
+            name, left, since = st.op
+            f = getattr(self.cost, name)
+            c_old, c_new = f(old), f(self.live)
+            if c_old == c_new:
+                continue
+            left = max(left - (self.now - since) / c_old, 0.0) if c_old > 0 else 0.0
+            st.op = (name, left, self.now)
+            self._wake(st, self.now + left * c_new, "op")
 
     def _decided(self, decisions: Sequence[Any]) -> None:
         for d in decisions:
@@ -153,7 +176,7 @@ class Simulation:
             if not should_retry(record, self.s.retry_limit):
                 break
         st.finished = self.now
-        self.live -= 1
+        self._set_live(-1)
         self.gate.release(st.task.id)
         self._admit_tasks()
 
@@ -163,7 +186,7 @@ class Simulation:
         rec: dict[str, Any] = {"task_id": task.id, "attempt": n, "start": self.now, "ok": False,
                                "oom_kills": 0, "calls_done": 0,
                                "calls_total": len(task.tool_calls), "reason": "", "exit": None}
-        yield ("sleep", cost.run(self.live))
+        yield ("op", ("run", 1.0))
         box = SimBox(f"{task.id}#{n}", task.baseline_bytes, last_active=self.now)
         st.box = box
         self.domain.add_box(box)
@@ -173,10 +196,8 @@ class Simulation:
                 yield ("sleep", step.duration_s)
                 continue
             idx += 1
-            overhead = cost.exec(self.live)
-            before = overhead * cost.exec_before
             start = self.now
-            yield ("sleep", before)
+            yield ("op", ("exec", cost.exec_before))
             rc = 0
             if not box.alive:
                 rc = 126
@@ -201,7 +222,7 @@ class Simulation:
                     rc = OOM_EXIT if got == "oom" else 126
                 if self.hands is not None:
                     self._decided(self.hands.finished(call.id, call, rc == OOM_EXIT))
-            yield ("sleep", overhead - before)
+            yield ("op", ("exec", 1.0 - cost.exec_before))
             self.calls.append({"task": task.id, "attempt": n, "call": idx, "start": start,
                                "end": self.now, "duration_s": step.duration_s, "exit": rc,
                                "peak_bytes": step.memory.peak_bytes, "category": step.category})
@@ -214,7 +235,7 @@ class Simulation:
             break
         else:
             rec.update(end=self.now, ok=True)
-        yield ("sleep", cost.rm(self.live))
+        yield ("op", ("rm", 1.0))
         self.domain.remove_box(box.id)
         st.box = None
         return rec
@@ -252,7 +273,7 @@ class Simulation:
         for tid in admit_fifo(self.queue, self.gate):
             st = self.by_id[tid]
             st.started = self.now
-            self.live += 1
+            self._set_live(+1)
             st.gen = self._task(st)
             self._resume(st, None)
 
@@ -307,6 +328,9 @@ class Simulation:
                 if token != st.token:
                     continue
                 self.now = max(self.now, at)
+                if st.op is not None:
+                    self.in_op.discard(st)
+                    st.op = None
                 if value == "end" and st.call is not None and st.call.held:
                     self._wake(st, self.now + dt, "end")  # memload ends once let go
                     continue

@@ -1,0 +1,162 @@
+"""The policy simulator's command line.
+
+    python3 -m bench.sim validate docs/replay/sweep/results.json.gz [--out DIR]
+    python3 -m bench.sim sweep --sandboxes 1000 --budget 64g [--schemes ...] [--out DIR]
+    python3 -m bench.sim fit docs/replay/sweep/results.json.gz     # the cost model only
+
+`validate` reruns a VM results file's points in the simulator and prints VM vs sim per scheme
+and point; `sweep` runs the generator's calibrated tasks (unscaled: 185 MB baselines, bursts to
+4 GB, every call, real time) under every scheme on one budget and prints the wall time it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.generate import generate
+from bench.metrics import RETRY_LIMIT
+from bench.schemes import MiB, arrival_schedule, bench_config, oversubscription, parse_schemes
+from bench.sim.cost import CostModel, fit_results, fixed, load_results
+from bench.sim.memory import MemoryConfig
+from bench.sim.run import SimSettings, simulate
+from bench.sim.validate import cost_lines, summary, table, tasks_of, validate
+from execgate.common.hints import parse_size
+
+
+def _write(out: str | None, name: str, text: str) -> None:
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(text, encoding="utf-8")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    res = validate(args.results, tick_s=args.tick)
+    lines = [*table(res["rows"]), "", *summary(res["rows"])]
+    lines += ["", f"simulated {len(res['rows'])} runs in {res['wall_s']:.1f} s wall", "",
+              "cost model (n = live sandboxes, averaged over the operation):"]
+    lines += cost_lines(res["costs"], res["results"], res["tasks"])
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    _write(args.out, "validate.md", text)
+    if args.out:
+        rows = [{k: v for k, v in r.items()} for r in res["rows"]]
+        data = {"source": res["source"], "rows": rows,
+                "costs": {k: m.to_dict() for k, m in res["costs"].items()}}
+        _write(args.out, "validate.json", json.dumps(data, indent=1, default=str) + "\n")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    results = load_results(args.results)
+    tasks = {t.id: t for t in tasks_of(results)}
+    print("\n".join(cost_lines(fit_results(results, tasks), results, tasks)))
+    return 0
+
+
+def _cost(spec: str) -> tuple[CostModel, dict[str, CostModel]]:
+    """hw (a hardware host: run 1 s, exec 0.05 s, rm 0.5 s), none, fixed:RUN,EXEC,RM, or a
+    results file to fit (the VM's TCG costs: minutes per docker run beyond a few sandboxes)."""
+    if spec == "hw":
+        return fixed(1.0, 0.05, 0.5), {}
+    if spec == "none":
+        return fixed(), {}
+    if spec.startswith("fixed:"):
+        a, b, c = (float(x) for x in spec.removeprefix("fixed:").split(","))
+        return fixed(a, b, c), {}
+    results = load_results(spec)
+    costs = fit_results(results, {t.id: t for t in tasks_of(results)})
+    return costs["runc"], costs
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    n = args.sandboxes
+    tasks = generate(n, args.seed)
+    arrivals = arrival_schedule(n, args.seed, args.arrival, args.mean_gap)
+    budget = parse_size(args.budget)
+    ks = [int(k) for k in args.static_k.split(",") if k.strip()]
+    schemes = parse_schemes(args.schemes, ks, n)
+    cost, by_rt = _cost(args.cost)
+    mem = MemoryConfig(swap=args.swap, swap_ratio=args.swap_ratio,
+                       swap_bandwidth_bps=args.swap_bandwidth_mib * MiB)
+    settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
+                           retry_limit=RETRY_LIMIT)
+    over = oversubscription(tasks, budget)
+    lines = [f"{n} sandboxes (generator seed {args.seed}, calibrated, unscaled), budget "
+             f"{budget / (1 << 30):.1f} GiB, oversubscription {over:.2f}x, arrivals "
+             f"{args.arrival} mean gap {args.mean_gap:g} s; cost {cost.source}; swap "
+             f"{'on' if args.swap else 'off'}; tick {args.tick:g} s", "",
+             "| scheme | done | OOM kills | init kills | attempts | makespan s | P50 s | P95 s | "
+             "peak mem | wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+             "---: | ---: |"]
+    out: list[dict[str, Any]] = []
+    for s in schemes:
+        t0 = time.perf_counter()
+        cfg = bench_config({}, s, domain="/sim", admission_wait_s=args.admission_wait) \
+            if s.daemon or s.runtime == "execgate" else None
+        r = simulate(s, tasks, arrivals, budget, settings, cfg)
+        wall = time.perf_counter() - t0
+        m = r["metrics"]
+        out.append({"scheme": s.name, "wall_s": wall, "metrics": m, "daemon": r.get("daemon")})
+        lines.append(f"| {s.name} | {m['tasks_completed']}/{m['tasks_total']} | {m['oom_kills']}"
+                     f" | {m['init_oom_kills']} | {m['attempts']} | {m['makespan_s']:.0f} | "
+                     f"{m['latency_arrival_p50_s']:.0f} | {m['latency_arrival_p95_s']:.0f} | "
+                     f"{m['mem_peak_util']:.0%} | {wall:.1f} |")
+        print(lines[-1] if len(out) > 1 else "\n".join(lines), flush=True)
+    total = time.perf_counter() - t_start
+    lines += ["", f"wall time: {total:.1f} s for {len(schemes)} schemes"]
+    print(lines[-1])
+    _write(args.out, f"sweep-{n}.md", "\n".join(lines) + "\n")
+    if args.out:
+        _write(args.out, f"sweep-{n}.json", json.dumps(
+            {"args": vars(args), "wall_s": total, "runs": out}, indent=1, default=str) + "\n")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.sim",
+                                 description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="a VM results file's points, VM vs sim")
+    v.add_argument("results")
+    v.add_argument("--out", help="write validate.md and validate.json here")
+    v.add_argument("--tick", type=float, default=0.1, help="control period (s)")
+    v.set_defaults(func=cmd_validate)
+    f = sub.add_parser("fit", help="the control-plane cost model fitted to a results file")
+    f.add_argument("results")
+    f.set_defaults(func=cmd_fit)
+    s = sub.add_parser("sweep", help="every scheme on the generator's calibrated tasks")
+    s.add_argument("--sandboxes", type=int, default=1000, help="tasks (one sandbox each)")
+    s.add_argument("--budget", default="64g")
+    s.add_argument("--seed", default="1")
+    s.add_argument("--arrival", default="poisson", choices=("poisson", "staggered", "burst"))
+    s.add_argument("--mean-gap", type=float, default=1.0, help="seconds between arrivals")
+    s.add_argument("--schemes", default="eager,static,reserve,agentcgroup,execgate,"
+                                        "execgate-noadmit,execgate-nogrowth,execgate-noresidency")
+    s.add_argument("--static-k", default="100,200,400")
+    s.add_argument("--cost", default="hw", help="hw | none | fixed:RUN,EXEC,RM | RESULTS file")
+    s.add_argument("--admission-wait", type=float, default=None)
+    s.add_argument("--swap", action="store_true", help="compressed swap (default off)")
+    s.add_argument("--swap-ratio", type=float, default=3.0)
+    s.add_argument("--swap-bandwidth-mib", type=float, default=256.0)
+    s.add_argument("--tick", type=float, default=0.1)
+    s.add_argument("--out")
+    s.set_defaults(func=cmd_sweep)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if getattr(args, "seed", None) is not None and str(args.seed).lstrip("-").isdigit():
+        args.seed = int(args.seed)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The simulator against the VM: the same points, schemes and settings a results file recorded.
+
+Everything is taken from the results file, nothing tuned per point: the tasks (the generator's,
+from the recorded seed, count and workload transforms, or the recorded trace), each point's
+budget and arrival times, each run's scheme and the config the bench wrote for it (execgate's
+`config`), and the control-plane cost model fitted to the same file's runc runs (bench/sim/
+cost.py). Per scheme and point it prints VM vs sim: tasks done, OOM kills (attempts that died of
+one: metrics.summarize's oom_kills), makespan and P50 latency from arrival, with the errors.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.generate import generate
+from bench.schemes import Workload, bench_config, parse_schemes, prepare
+from bench.sim.cost import CostModel, fit_results, load_results, residual_table
+from bench.sim.run import SimSettings, simulate
+from bench.trace import Task, load_tasks
+
+METRICS = (("tasks_completed", "done"), ("oom_kills", "OOM"), ("makespan_s", "makespan"),
+           ("latency_arrival_p50_s", "P50"))
+
+
+def tasks_of(results: Mapping[str, Any]) -> list[Task]:
+    """The tasks exactly as the results' runs replayed them."""
+    params = results["params"]
+    n = max(p["n_tasks"] for p in results["points"])
+    src = load_tasks(params["trace"])[:n] if params.get("trace") else generate(n, params["seed"])
+    w = params["workload"]
+    return prepare(src, Workload(**{k: v for k, v in w.items() if k in Workload.__annotations__}))
+
+
+def scheme_config(run: Mapping[str, Any], w: Mapping[str, Any],
+                  settings: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The config execgate ran with: recorded by the run, else what bench_config would write."""
+    if run.get("config"):
+        return dict(run["config"])
+    scheme = parse_schemes(run["scheme"])[0]
+    if not (scheme.daemon or scheme.runtime == "execgate"):
+        return None
+    return bench_config({}, scheme, domain="/sim", mem_scale=float(w.get("mem_scale", 1.0)),
+                        admission_wait_s=settings.get("admission_wait_s"),
+                        scale_daemon=bool(settings.get("scale_daemon", True)))
+
+
+def _err(vm: float, sim: float) -> str:
+    if not (isinstance(vm, int | float) and isinstance(sim, int | float)) or math.isnan(vm) \
+            or math.isnan(sim):
+        return "-"
+    if vm == 0:
+        return "0 %" if sim == 0 else "inf"
+    return f"{100 * (sim - vm) / vm:+.0f} %"
+
+
+def validate(path: str | Path, tick_s: float = 0.1) -> dict[str, Any]:
+    """Rerun every (point, scheme) of the results in the simulator; rows of VM vs sim."""
+    results = load_results(path)
+    tasks = tasks_of(results)
+    by_id = {t.id: t for t in tasks}
+    costs = fit_results(results, by_id)
+    params = results["params"]
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for run in sorted(results["runs"], key=lambda r: (r["point"], r["scheme"])):
+        point = results["points"][run["point"]]
+        n = point["n_tasks"]
+        scheme = parse_schemes(run["scheme"])[0]
+        cfg = scheme_config(run, params["workload"], params.get("settings") or {})
+        sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
+                       SimSettings(cost=costs["runc"], cost_by_runtime=costs, tick_s=tick_s,
+                                   retry_limit=int(params.get("retry_limit", 5))), cfg)
+        vm_m, sim_m = run["metrics"], sim["metrics"]
+        row: dict[str, Any] = {"point": run["point"], "label": point["label"],
+                               "oversubscription": point["oversubscription"],
+                               "scheme": run["scheme"], "part": run.get("part")}
+        for key, _ in METRICS:
+            row[f"vm_{key}"] = vm_m.get(key)
+            row[f"sim_{key}"] = sim_m.get(key)
+        row["vm_kernel_oom_kills"] = vm_m.get("kernel_oom_kills")
+        row["sim_kernel_oom_kills"] = sim_m.get("kernel_oom_kills")
+        row["sim_init_oom_kills"] = sim_m.get("init_oom_kills")
+        row["vm_reasons"] = _reasons(run.get("attempts", []))
+        row["sim_reasons"] = _reasons(sim["attempts"])
+        if "daemon" in sim:
+            row["sim_daemon"] = sim["daemon"]
+        rows.append(row)
+    return {"source": str(path), "rows": rows, "costs": costs, "tasks": by_id,
+            "results": results, "wall_s": time.perf_counter() - t0}
+
+
+def _reasons(attempts: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for a in attempts:
+        if not a.get("ok"):
+            r = str(a.get("reason") or "?")
+            out[r] = out.get(r, 0) + 1
+    return out
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown: one row per point and scheme, VM / sim / error per metric."""
+    lines = ["| load | scheme | done VM/sim | OOM kills VM/sim | makespan s VM/sim (err) | "
+             "P50 s VM/sim (err) |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(
+            f"| x{r['oversubscription']:.1f} | {r['scheme']} | "
+            f"{r['vm_tasks_completed']}/{r['sim_tasks_completed']}"
+            f"{'' if r['vm_tasks_completed'] == r['sim_tasks_completed'] else ' ✗'} | "
+            f"{r['vm_oom_kills']}/{r['sim_oom_kills']} | "
+            f"{r['vm_makespan_s']:.0f}/{r['sim_makespan_s']:.0f} "
+            f"({_err(r['vm_makespan_s'], r['sim_makespan_s'])}) | "
+            f"{r['vm_latency_arrival_p50_s']:.0f}/{r['sim_latency_arrival_p50_s']:.0f} "
+            f"({_err(r['vm_latency_arrival_p50_s'], r['sim_latency_arrival_p50_s'])}) |")
+    return lines
+
+
+def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How many rows meet the issue's targets (makespan within 20 %, tasks done exact)."""
+    n = len(rows)
+    exact = sum(r["vm_tasks_completed"] == r["sim_tasks_completed"] for r in rows)
+    within = [r for r in rows if r["vm_makespan_s"]
+              and abs(r["sim_makespan_s"] - r["vm_makespan_s"]) <= 0.2 * r["vm_makespan_s"]]
+    errs = sorted(abs(r["sim_makespan_s"] - r["vm_makespan_s"]) / r["vm_makespan_s"]
+                  for r in rows if r["vm_makespan_s"])
+    med = errs[len(errs) // 2] if errs else math.nan
+    return [f"tasks done exact: {exact}/{n}; makespan within 20 %: {len(within)}/{n}; "
+            f"median |makespan error| {100 * med:.0f} %"]
+
+
+def cost_lines(costs: Mapping[str, CostModel], results: Mapping[str, Any],
+               tasks: Mapping[str, Task]) -> list[str]:
+    out = []
+    for rt, m in costs.items():
+        out.append(f"{rt} ({m.source}):")
+        for op in ("run", "exec", "rm"):
+            out.append(f"  {op:<4} {getattr(m, op).describe()}")
+    out.append("")
+    out += residual_table(results, tasks, costs["runc"])
+    return out
