@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.inside_overhead import against_plain
+from execgate.cgroups import v2
 from execgate.common.config import Config
-from execgate.daemon import inside, settings
+from execgate.daemon import settings
 from execgate.daemon.engine import Engine
+from execgate.daemon.inside.agents import InsideAgents
 
 MiB = 1 << 20
 
@@ -59,7 +61,7 @@ def one_run(root: Path, n: int, place_after_ms: float | None,
     s, errors = settings.load(cfg)
     if errors:
         raise SystemExit(f"config: {errors}")
-    agents = inside.InsideAgents(cfg, s, Engine(cfg, s))
+    agents = InsideAgents(cfg, s, Engine(cfg, s))
 
     async def scenario() -> dict[str, Any]:
         agents.start()
@@ -103,7 +105,7 @@ def main() -> int:
         moves.append(pid)
         Path(path, "cgroup.events").write_text("populated 0\n")
 
-    inside.v2.move = move  # type: ignore[assignment]
+    v2.move = move  # type: ignore[assignment]
     slices = [float(x) for x in args.place_after.split(",")]
     runs: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="execgate-inside-") as tmp:

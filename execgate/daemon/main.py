@@ -23,7 +23,7 @@ from execgate.common import protocol
 from . import settings as settings_mod
 from . import status
 from .engine import Engine
-from .inside import InsideAgents
+from .inside.agents import InsideAgents
 from .server import Conn, Server
 
 log = logging.getLogger("execgated")

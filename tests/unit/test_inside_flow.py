@@ -15,11 +15,15 @@ import pytest
 
 from execgate.bpf import inside_probe as probe_mod
 from execgate.calls.record import ToolCall
+from execgate.cgroups import v2
 from execgate.common import records
 from execgate.common.config import Config
-from execgate.daemon import inside, proc_events, settings
+from execgate.daemon import settings
 from execgate.daemon.engine import Engine
-from execgate.daemon.proc_events import ProcEvent
+from execgate.daemon.inside import proc_events, procfs
+from execgate.daemon.inside.agents import InsideAgents
+from execgate.daemon.inside.proc_events import ProcEvent
+from execgate.daemon.inside.state import Box, Call
 
 MiB = 1 << 20
 
@@ -102,7 +106,7 @@ class FakeProbe:
 
 def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
            place_after_ms: float = 5.0, source: str = "connector"
-           ) -> tuple[inside.InsideAgents, Path, list[tuple[int, str]]]:
+           ) -> tuple[InsideAgents, Path, list[tuple[int, str]]]:
     dom = tmp / "domain"
     dom.mkdir()
     (dom / "memory.max").write_text(f"{1024 * MiB}\n")
@@ -128,17 +132,17 @@ def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
         moves.append((pid, path))
         Path(path, "cgroup.events").write_text("populated 1\n")
 
-    monkeypatch.setattr(inside.proc_events, "ProcConnector", FakeConnector)
-    monkeypatch.setattr(inside.probe_mod, "build", lambda: "inside.bpf.o")
-    monkeypatch.setattr(inside.probe_mod, "load", lambda obj, slice_ns: FakeProbe(slice_ns))
-    monkeypatch.setattr(inside.v2, "move", move)
+    monkeypatch.setattr(proc_events, "ProcConnector", FakeConnector)
+    monkeypatch.setattr(probe_mod, "build", lambda: "inside.bpf.o")
+    monkeypatch.setattr(probe_mod, "load", lambda obj, slice_ns: FakeProbe(slice_ns))
+    monkeypatch.setattr(v2, "move", move)
     # This test process plays the agent; what it already runs (a multiprocessing forkserver
     # left by other tests) is not the agent's: only what a test spawns counts.
-    pre = set(inside.children(os.getpid()))
-    real_children = inside.children
-    monkeypatch.setattr(inside, "children", lambda pid: [c for c in real_children(pid)
+    pre = set(procfs.children(os.getpid()))
+    real_children = procfs.children
+    monkeypatch.setattr(procfs, "children", lambda pid: [c for c in real_children(pid)
                                                          if c not in pre])
-    return inside.InsideAgents(cfg, s, Engine(cfg, s)), cg, moves
+    return InsideAgents(cfg, s, Engine(cfg, s)), cg, moves
 
 
 def _events(agent: int, child: int, now: int = 0) -> list[ProcEvent]:
@@ -309,10 +313,10 @@ def test_a_call_is_placed_only_after_its_first_slice(tmp_path: Path,
             assert moves == [] and agents.stats["short"] == 1
             long = subprocess.Popen(["sh", "-c", "sleep 3 & wait"])
             for _ in range(200):  # the shell forks its sleep during the call's slice
-                if inside.children(long.pid):
+                if procfs.children(long.pid):
                     break
                 await asyncio.sleep(0.01)
-            [grandchild] = inside.children(long.pid)
+            [grandchild] = procfs.children(long.pid)
             conn.push(*_events(agent, long.pid, time.monotonic_ns()))
             await asyncio.sleep(0.2)
             assert moves == []
@@ -383,7 +387,7 @@ def test_without_the_probe_auto_falls_back_to_the_connector(
     def no_probe(obj: str, slice_ns: int) -> FakeProbe:
         raise OSError(1, "bpf(cmd 5): Operation not permitted")
 
-    monkeypatch.setattr(inside.probe_mod, "load", no_probe)
+    monkeypatch.setattr(probe_mod, "load", no_probe)
 
     async def scenario() -> None:
         agents.start()
@@ -401,9 +405,9 @@ def test_shells_and_small_calls_are_never_learned(tmp_path: Path,
     agents, _cg, _moves = _setup(tmp_path, monkeypatch, source="bpf")
     big, small = 300 * MiB, 10 * MiB
 
-    def call(comm: str) -> inside.Call:
-        box = inside.Box("box", "box", str(tmp_path), 1, None)
-        c = inside.Call(ToolCall(f"tool-{comm}", "box", "box", "", []), 1, box, None)
+    def call(comm: str) -> Call:
+        box = Box("box", "box", str(tmp_path), 1, None)
+        c = Call(ToolCall(f"tool-{comm}", "box", "box", "", []), 1, box, None)
         c.last_comm = comm
         return c
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from execgate.daemon import proc_events as pe
+from execgate.daemon.inside import proc_events as pe
 
 
 def _msg(what: int, body: bytes, *, ts: int = 123456789, cpu: int = 1, seq: int = 7,

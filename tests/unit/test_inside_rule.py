@@ -7,8 +7,9 @@ import threading
 from pathlib import Path
 
 from execgate.common import records
-from execgate.daemon import inside
-from execgate.daemon.inside import EndWatcher, Match, Tracker
+from execgate.daemon.inside import procfs
+from execgate.daemon.inside.end_watcher import EndWatcher
+from execgate.daemon.inside.tracker import Match, Tracker
 
 AGENT, OTHER = 100, 900
 
@@ -118,11 +119,11 @@ def test_end_watcher_reports_an_empty_cgroup(tmp_path: Path) -> None:
 def test_proc_helpers_on_this_process() -> None:
     import os
 
-    assert inside.ppid(os.getpid()) == os.getppid()
-    assert inside.ppid(2**22 + 12345) is None
-    mem = inside.memory_status(os.getpid())
+    assert procfs.ppid(os.getpid()) == os.getppid()
+    assert procfs.ppid(2**22 + 12345) is None
+    mem = procfs.memory_status(os.getpid())
     assert mem["VmRSS"] > 0
-    assert inside.comm(os.getpid())
+    assert procfs.comm(os.getpid())
 
 
 def test_exec_reported_before_the_fork_still_matches() -> None:

@@ -1,0 +1,56 @@
+"""A placed call's end: its tool cgroup emptied (end_watcher.py). Outcome, feedback on the
+kept stderr, the journal line, rmdir, and the engine told, as for a docker exec call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from execgate.calls import outcome, tell
+from execgate.cgroups import v2
+
+from .state import AgentsState, Call
+
+log = logging.getLogger("execgated.inside")
+
+
+class Ending(AgentsState):
+    """From an emptied tool cgroup to the journal line."""
+
+    def _ended_threadsafe(self, name: str) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._ended, name)
+
+    def _ended(self, name: str) -> None:
+        c = self.calls.pop(name, None)
+        if c is None:
+            return
+        end = time.time()  # (by_pid keeps it: the exit event comes after the cgroup empties)
+        call = c.call
+        if call.start is None:  # it ended before it was admitted (killed while waiting)
+            if c.wait is not None:
+                c.wait.cancel()
+            self.engine.cancel(name)
+            call.admitted(False)
+            call.start = end
+        gate = self.engine.done(name) if call.managed else None
+        entry = outcome.conclude(call, end, gate)
+        tell.tell_and_close(call, entry, c.stderr)  # the agent may be waiting for EOF
+        assert self.loop is not None
+        self.loop.run_in_executor(None, self._record, c, entry, end)
+
+    def _record(self, c: Call, entry: dict[str, Any], end: float) -> None:
+        """Off the loop: rmdir may have to retry, and the exit event may still be on its way."""
+        if not v2.remove(c.cgroup):
+            log.warning("inside call %s: cannot remove %s", c.name, c.cgroup)
+        if not c.exited.wait(0.5) and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._forget_pid, c)
+        elif c.last_comm and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._learn, c, entry.get("memory_peak"))
+        outcome.record(entry, c.status, end, self.cfg.journal, log)
+
+    def _forget_pid(self, c: Call) -> None:
+        if self.by_pid.get(c.pid) is c:
+            del self.by_pid[c.pid]

@@ -1,0 +1,139 @@
+"""Placing a tool process: moved into a prepared tool-<hex> cgroup (one write to cgroup.procs)
+with what it forked meanwhile, its hint and a handle on its stderr taken, and handed to
+admission. The time-critical part: spares are made beforehand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from execgate.calls import hint, tell
+from execgate.calls.oom_score import raise_oom_score_adj
+from execgate.calls.record import ToolCall
+from execgate.cgroups import container, v2
+from execgate.common import hints
+
+from . import procfs
+from .recovery import set_mark
+from .state import AgentsState, Box, Call
+from .tracker import Match
+
+log = logging.getLogger("execgated.inside")
+
+MAX_XATTR_ARGV = 2048
+
+
+def write_line(fd: int | None, tty: bool, text: str) -> None:
+    """A feedback line on an inside call's stderr (or terminal), if we hold a handle on it."""
+    if fd is not None:
+        tell.say(fd, tty, [text])
+
+
+class Placement(AgentsState):
+    """Spare tool cgroups and the placement of a call into one."""
+
+    def _try_place(self, m: Match, box: Box) -> None:
+        try:
+            self._place(m, box)
+        except Exception:  # a bug here must not stop the event loop
+            self.stats["failed"] += 1
+            log.exception("inside agents: placing %d failed; it runs unmanaged", m.tgid)
+
+
+    def _new_tool(self, box: Box) -> str:
+        tool = container.make_tool_cgroup(box.cgroup, container.new_tool_name())
+        if self.conf.freeze == "always":
+            v2.write(tool, "cgroup.freeze", "1")
+        set_mark(tool, b"spare")
+        return tool
+
+    def _replenish(self, box: Box) -> None:
+        while box.cid in self.boxes and len(box.spares) < self.conf.spares:
+            try:
+                box.spares.append(self._new_tool(box))
+            except OSError as e:
+                log.warning("inside agent in %s: no spare cgroup: %s", box.cid[:12], e)
+                return
+
+    def _place(self, m: Match, box: Box) -> None:
+        """Move a just-exec'd tool process into its own cgroup: the time-critical part."""
+        if m.tgid in self.by_pid:
+            return  # placed already (late, by a scan, before its exec event was read)
+        if procfs.ppid(m.tgid) != m.parent:
+            self.stats["short"] += 1  # gone (its exit is on its way), or its pid was reused
+            return
+        # Its name now: a short call may be gone (reaped) by the time its journal line is made.
+        name_early = m.comm or procfs.comm(m.tgid)
+        tool = box.spares.pop(0) if box.spares else self._new_tool(box)
+        t0 = time.monotonic_ns()
+        try:
+            v2.move(m.tgid, tool)
+        except OSError as e:
+            if e.errno in (errno.ESRCH, errno.ENOENT, errno.EINVAL):
+                self.stats["missed"] += 1  # it ended before we got to it: it ran unmanaged
+                box.spares.insert(0, tool)
+            else:
+                v2.remove(tool, attempts=1)
+                log.warning("inside agent in %s: cannot move %d: %s", box.cid[:12], m.tgid, e)
+            return
+        moved_ns = time.monotonic_ns()
+        # What it forked before the move stays behind unless moved too (anything forked from
+        # now on is born in the tool cgroup, so this walk misses nothing).
+        todo = procfs.children(m.tgid)
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(OSError):
+                v2.move(pid, tool)
+            todo.extend(procfs.children(pid))
+        raise_oom_score_adj(m.tgid, self.cfg.tool_oom_score_adj)
+        mem = procfs.memory_status(m.tgid)
+        self.stats["placed"] += 1
+        stderr = procfs.open_stderr(m.tgid)
+        tty = stderr is not None and os.isatty(stderr)
+        argv = procfs.nul_list(f"/proc/{m.tgid}/cmdline")
+        if not argv:  # it ended already: no command line left, but a zombie keeps its name
+            short = procfs.comm(m.tgid) or name_early
+            argv = [short] if short else []
+        name = os.path.basename(tool)
+        call = ToolCall(name, box.cid, box.sandbox, tool, argv, tty=tty,
+                        hint=self._hint(m.tgid, box, stderr, tty),
+                        oom_score_adj=self.cfg.tool_oom_score_adj,
+                        arrival=time.time() - (moved_ns - m.exec_ns) / 1e9)
+        call.inside = {
+                "pid": m.tgid, "agent_pid": m.parent,
+                "placement_us": round((moved_ns - m.exec_ns) / 1000, 1), "at_exec": m.at_exec,
+                "move_us": round((moved_ns - t0) / 1000, 1),
+                "rss_before_bytes": mem.get("VmRSS"), "anon_before_bytes": mem.get("RssAnon"),
+                "memory_after_move": v2.read_int(tool, "memory.current"),
+        }
+        c = Call(call, m.tgid, box, stderr, frozen=self.conf.freeze == "always")
+        self.calls[name] = c
+        self.by_pid[m.tgid] = c
+        if self.cfg.memory_high_from_hint and call.hint and call.hint.get("memory_bytes"):
+            with contextlib.suppress(OSError):
+                v2.write(tool, "memory.high", str(call.hint["memory_bytes"]))
+        assert self.ends is not None
+        if not self.ends.watch(name, tool):
+            self._ended(name)
+            return
+        self._admit(c)
+        xcall = call.journal()
+        if len(" ".join(argv)) > MAX_XATTR_ARGV:
+            xcall["argv"] = argv[:1]
+        set_mark(tool, json.dumps(xcall, separators=(",", ":")).encode())
+        assert self.loop is not None
+        self.loop.call_soon(self._replenish, box)
+
+    def _hint(self, pid: int, box: Box, stderr: int | None, tty: bool) -> dict[str, Any] | None:
+        """The call's parsed hint (from its exec'd environment), clamped to the container's
+        limit; a malformed one is reported once per sandbox and value, as for docker exec."""
+        raw = hints.pick(procfs.nul_list(f"/proc/{pid}/environ"), [])
+        return hint.resolve(raw, box.cgroup, box.sandbox, self.cfg.state_dir,
+                            lambda why: log.warning("inside call in %s: %s", box.cid[:12], why),
+                            lambda text: write_line(stderr, tty, text))

@@ -1,0 +1,83 @@
+"""What a restarted daemon finds: spare tool cgroups, and placed calls marked by an xattr on
+their cgroup (the call's record in its journal form); docker exec calls have their own watchers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+
+from execgate.calls.record import ToolCall
+from execgate.cgroups import container, v2
+
+from ..engine import call_info
+from .state import AgentsState, Box, Call
+
+log = logging.getLogger("execgated.inside")
+
+XATTR = "trusted.execgate.inside"  # on a tool cgroup: "spare", or the call (for a restart)
+
+
+def set_mark(cg: str, value: bytes) -> None:
+    try:
+        os.setxattr(cg, XATTR, value)
+    except OSError:
+        pass  # only restart adoption needs it
+
+
+def get_mark(cg: str) -> bytes | None:
+    try:
+        return os.getxattr(cg, XATTR)
+    except OSError:
+        return None
+
+
+class Recovery(AgentsState):
+    """Adopting what a previous daemon left in a container."""
+
+    def _recover(self, box: Box) -> None:
+        """What a previous daemon left in this container: spares, and calls that were placed
+        (marked by an xattr; docker exec calls have their own watchers and are left alone)."""
+        for tool in container.tool_cgroups(box.cgroup):
+            mark = get_mark(tool)
+            if mark is None and not self._starting:
+                continue
+            v2.thaw(tool)
+            if mark is None:
+                continue
+            name = os.path.basename(tool)
+            try:
+                placed = json.loads(mark) if mark != b"spare" else None
+            except ValueError:
+                placed = None
+            if not isinstance(placed, dict):
+                if not v2.populated(tool):
+                    v2.remove(tool, attempts=1)
+                    continue
+                call = ToolCall(name, box.cid, box.sandbox, tool, [], arrival=time.time())
+            else:
+                call = ToolCall.from_journal(placed)
+            call.cgroup, call.call = tool, name
+            call.managed, call.adopted = name in self.engine.calls, True
+            live = self.engine.calls.get(name)
+            if live is not None and call.hint:  # the engine adopted it without one
+                with contextlib.suppress(KeyError, ValueError, TypeError):
+                    live.info = call_info(call.admit_request())
+            if call.waited_s is None:
+                call.waited_s = 0.0
+            if call.forced is None:
+                call.forced = False
+            if call.start is None:
+                call.start = call.arrival or time.time()
+            pid = int((call.inside or {}).get("pid") or 0)
+            c = Call(call, pid, box, None)
+            self.calls[name] = c
+            if pid:
+                self.by_pid[pid] = c
+            assert self.ends is not None
+            if not self.ends.watch(name, tool):
+                self._ended(name)
+            log.info("inside call %s in %s adopted after a restart", name, box.cid[:12])
