@@ -123,7 +123,6 @@ class FreezeGate:
         return f"<FreezeGate root={self.cgroup_root} frozen={len(self._frozen)}>"
 
 
-
 AnyGate = Gate | FreezeGate
 
 
