@@ -41,8 +41,8 @@ def _fake_path(tmp_path: Path) -> str:
 def _build(tmp_path: Path, path: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": path, "EXECGATE_VM_CACHE": str(tmp_path / "cache"),
            "TMPDIR": str(tmp_path)}
-    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(["bash", str(SCRIPT)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_first_build_prints_only_the_image_directory(tmp_path: Path) -> None:
