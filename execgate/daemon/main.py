@@ -18,7 +18,7 @@ import socket
 from typing import Any
 
 from execgate.common import config as config_mod
-from execgate.common import protocol
+from execgate.common import hints, protocol
 
 from . import settings as settings_mod
 from . import status
@@ -41,6 +41,28 @@ def sd_notify(state: str) -> None:
         s.sendall(state.encode())
 
 
+def _admit_error(msg: dict[str, Any]) -> str | None:
+    """What is wrong with an admit request, naming the field (docs/protocol.md), or None.
+
+    Checked here, before the engine sees it: a bad peer gets a sentence, never a traceback's
+    last line, and nothing it sends is taken for something else (a string argv split into
+    characters, `true` taken as a 1-byte declaration)."""
+    for key in ("call", "sandbox", "cgroup"):
+        if not isinstance(msg.get(key), str) or not msg[key]:
+            return f"admit needs a string {key!r}"
+    if not isinstance(msg.get("container", ""), str):
+        return "admit's 'container' must be a string"
+    argv = msg.get("argv", [])
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return "admit's 'argv' must be a list of strings"
+    if msg.get("hint") is not None:
+        try:
+            hints.Hint.from_dict(msg["hint"])
+        except ValueError as e:
+            return f"admit's 'hint' is invalid: {e}"
+    return None
+
+
 class Daemon:
     def __init__(self, cfg: config_mod.Config, engine: Engine) -> None:
         self.cfg = cfg
@@ -61,9 +83,9 @@ class Daemon:
 
     async def op_admit(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         """Two frames: `queued` at once (the runtime knows we are alive), then `admitted`."""
-        for key in ("call", "sandbox", "cgroup"):
-            if not isinstance(msg.get(key), str) or not msg[key]:
-                return protocol.reply(False, error=f"admit needs a string {key!r}")
+        error = _admit_error(msg)
+        if error:
+            return protocol.reply(False, error=error)
         call_id = msg["call"]
         try:
             ticket, fut = self.engine.submit(msg)

@@ -250,9 +250,6 @@ def test_the_protocol_version_is_checked_before_the_op_runs(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
-@pytest.mark.xfail(strict=True, reason="bug: admit checks only call/sandbox/cgroup; a non-string "
-                   "container, a non-list argv or a hint that is no valid map (docs/protocol.md) "
-                   "is taken as it comes or fails inside the engine with an error not naming it")
 @pytest.mark.parametrize(("key", "bad"), [
     ("container", 5), ("argv", "pytest -q"), ("argv", 5), ("hint", "mem=1g"),
     ("hint", {"memory_bytes": True}),
