@@ -11,7 +11,9 @@ parent and still bound the sum of init and every tool call.
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 
 from . import v2
 
@@ -19,32 +21,48 @@ INIT = "init"
 TOOL_PREFIX = "tool-"
 
 
-def prepare(cg: str, controllers: tuple[str, ...]) -> list[str]:
+def prepare(cg: str, controllers: tuple[str, ...], timeout: float = 10.0) -> list[str]:
     """Move every task of the container cgroup into init/ and enable controllers.
 
     The container is frozen meanwhile, so nothing forks into the parent behind our back; a
-    container the engine itself paused stays paused.
+    container the engine itself paused stays paused. Freezing is not instant: under load (many
+    sandboxes starting at once, TCG) a task can still fork, or reach the cgroup, after a round
+    of moves, and enabling controllers then fails with EBUSY (no tasks are allowed beside
+    children with controllers). So it moves and retries until `timeout`, rather than giving the
+    sandbox up as unmanaged over one late task.
     """
     leaf = init_leaf(cg)
     os.makedirs(leaf, exist_ok=True)
     was_frozen = v2.read_int(cg, "cgroup.freeze") == 1
     if not was_frozen:
         v2.write(cg, "cgroup.freeze", "1")
+    deadline = time.monotonic() + timeout
     try:
-        v2.wait_event(cg, "frozen", 1, timeout=2.0)
-        for _ in range(10):
-            pids = v2.procs(cg)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    v2.move(pid, leaf)
-                except ProcessLookupError:
-                    continue
-        return v2.enable_controllers(cg, controllers)
+        v2.wait_event(cg, "frozen", 1, timeout=timeout)
+        while True:
+            _move_tasks(cg, leaf, deadline)
+            try:
+                return v2.enable_controllers(cg, controllers)
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)  # a task arrived after the last round: move it too
     finally:
         if not was_frozen:
             v2.write(cg, "cgroup.freeze", "0")
+
+
+def _move_tasks(cg: str, leaf: str, deadline: float) -> None:
+    """Move tasks from cg into leaf until none is left (or the deadline passes)."""
+    while True:
+        pids = v2.procs(cg)
+        if not pids or time.monotonic() >= deadline:
+            return
+        for pid in pids:
+            try:
+                v2.move(pid, leaf)
+            except ProcessLookupError:
+                continue
 
 
 def init_leaf(cg: str) -> str:
