@@ -288,8 +288,10 @@ def scale_time(task: Task, speed: float) -> Task:
     return replace(task, steps=steps, metadata=meta)
 
 
-def memload_argv(call: ToolCall, binary: str = "memload") -> list[str]:
-    """The memload command line that reproduces `call` (sizes in MiB, fractional allowed)."""
+def memload_argv(call: ToolCall, binary: str = "memload",
+                 fill_ratio: float | None = None) -> list[str]:
+    """The memload command line that reproduces `call` (sizes in MiB, fractional allowed);
+    `fill_ratio`: the zstd ratio of the pages it writes (None: memload's default, 3)."""
     m = call.memory
 
     def mib(n: int) -> str:
@@ -305,6 +307,8 @@ def memload_argv(call: ToolCall, binary: str = "memload") -> list[str]:
         ("--cpu", f"{m.cpu_share:.3f}"),
         ("--retain-mib", mib(m.retained_bytes)),
     ]
+    if fill_ratio is not None:
+        opts.append(("--fill-ratio", f"{fill_ratio:g}"))
     return [binary, *(arg for pair in opts for arg in pair)]
 
 

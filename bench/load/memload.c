@@ -9,7 +9,14 @@
  *
  *   memload --peak-mib 500 --duration 2.0 [--baseline-mib 0] [--shape ramp|spike|plateau|sawtooth]
  *           [--peak-at 0.5] [--hold 0] [--cpu 0] [--retain-mib 0] [--retain-dir /dev/shm]
- *           [--tick-ms 50] [--start-at EPOCH]
+ *           [--tick-ms 50] [--start-at EPOCH] [--fill-ratio 3]
+ *
+ * Every page written (the heap the curve draws, and the retained file) is filled with data that
+ * zstd compresses about --fill-ratio:1, page by page as zram does: real process memory gets
+ * 2.5-3.5:1, a page with one byte written ~100:1, which would make compressed swap look free.
+ * Each page is a run of pseudo-random bytes (incompressible, different in every page, so no
+ * page deduplicates) followed by repeated text. --fill-ratio 0 writes one byte per page (the
+ * old, nearly-zero pages).
  *
  * Silent on success (stdout belongs to the agent's tool output); exit 2 on bad arguments,
  * exit 1 if memory or the retain file cannot be had. Build: gcc -O2 -static -o memload memload.c
@@ -35,16 +42,18 @@ static struct {
     double baseline, peak, duration, peak_at, hold, cpu, retain; /* MiB / seconds / fractions */
     double tick;                                                 /* seconds */
     double start_at; /* wall-clock seconds since the epoch; 0: at once */
+    double fill_ratio; /* target zstd ratio of every page written; 0: one byte per page */
     enum shape shape;
     const char *retain_dir;
-} opt = {0, -1, 1.0, 0.5, 0, 0, 0, 0.05, 0, RAMP, "/dev/shm"};
+} opt = {0, -1, 1.0, 0.5, 0, 0, 0, 0.05, 0, 3.0, RAMP, "/dev/shm"};
 
 static void usage_error(const char *msg, const char *arg)
 {
     fprintf(stderr, "memload: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
     fprintf(stderr, "usage: memload --peak-mib N [--baseline-mib N] [--duration S] "
                     "[--shape ramp|spike|plateau|sawtooth] [--peak-at F] [--hold S] [--cpu F] "
-                    "[--retain-mib N] [--retain-dir DIR] [--tick-ms MS] [--start-at EPOCH]\n");
+                    "[--retain-mib N] [--retain-dir DIR] [--tick-ms MS] [--start-at EPOCH] "
+                    "[--fill-ratio R]\n");
     exit(2);
 }
 
@@ -114,19 +123,80 @@ static double level_at(double t)
     return opt.baseline + (opt.peak - opt.baseline) * shape_fraction(x, opt.peak_at);
 }
 
+/* What compresses to nothing in a page: source-like text, repeated. */
+static const char TEXT[] =
+    "def handle(request, ctx):\n    if not request.ok:\n        return ctx.error(404)\n"
+    "    for item in request.items:\n        total += item.size * item.count\n";
+
+/* Bytes of pseudo-random data per page for a target ratio: a page compressed alone (as zram
+ * does) takes about its random run plus FILL_OVERHEAD (the text's first copy as literals, its
+ * repeats, zstd's frame), so page / (random + overhead) = ratio. Calibrated with zstd -3 page by
+ * page; the whole buffer compresses ~10 % better (tests/unit/test_bench_memload.py). */
+#define FILL_OVERHEAD 130
+
+static size_t random_bytes_per_page(long page)
+{
+    if (opt.fill_ratio <= 1)
+        return (size_t)page;
+    double r = page / opt.fill_ratio - FILL_OVERHEAD;
+    return r < 0 ? 0 : (size_t)r;
+}
+
+/* One page of fill: `seed` makes its random run differ from every other page's. */
+static void fill_page(char *p, long page, unsigned long long seed)
+{
+    size_t rnd = random_bytes_per_page(page), i;
+    unsigned long long x = seed * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL;
+    for (i = 0; i + 8 <= rnd; i += 8) { /* xorshift64* */
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        unsigned long long v = x * 0x2545f4914f6cdd1dULL;
+        memcpy(p + i, &v, 8);
+    }
+    for (; i < rnd; i++)
+        p[i] = (char)(x >> (i % 8 * 8));
+    for (size_t t = 0; i < (size_t)page; i++, t = (t + 1) % (sizeof TEXT - 1))
+        p[i] = TEXT[t];
+}
+
+/* A per-process seed, so two calls' pages differ too. */
+static unsigned long long fill_seed(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((unsigned long long)getpid() << 32) ^ (unsigned long long)ts.tv_nsec;
+}
+
+/* Write pages [from, to) of `mem` (bytes, page-aligned): filled, or one byte each. */
+static void touch(char *mem, size_t from, size_t to, long page, unsigned long long seed)
+{
+    for (size_t off = from; off < to; off += page) {
+        if (opt.fill_ratio > 0)
+            fill_page(mem + off, page, seed + off / page);
+        else
+            mem[off] = (char)(off / page) | 1;
+    }
+}
+
 /* Leave `retain` MiB behind in tmpfs: shmem stays charged to the sandbox after we exit. */
 static void write_retained(void)
 {
-    char path[4096], buf[1 << 16];
+    char path[4096];
+    static char buf[1 << 16];
     size_t left = (size_t)(opt.retain * MIB);
+    long page = sysconf(_SC_PAGESIZE);
+    unsigned long long seed = fill_seed() ^ 0x5bd1e995ULL, chunk = 0;
     snprintf(path, sizeof path, "%s/memload-retained-%ld", opt.retain_dir, (long)getpid());
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
         fprintf(stderr, "memload: %s: %s\n", path, strerror(errno));
         exit(1);
     }
-    memset(buf, 0xa5, sizeof buf); /* non-zero: a sparse or zero-deduplicated file holds nothing */
+    /* non-zero: a sparse or zero-deduplicated file holds nothing */
+    if (opt.fill_ratio <= 0)
+        memset(buf, 0xa5, sizeof buf);
     while (left > 0) {
+        if (opt.fill_ratio > 0)
+            touch(buf, 0, sizeof buf, page, seed + (chunk++) * (sizeof buf / page));
         ssize_t n = write(fd, buf, left < sizeof buf ? left : sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
@@ -147,7 +217,7 @@ int main(int argc, char **argv)
         {"peak-at", required_argument, 0, 'a'},   {"hold", required_argument, 0, 'h'},
         {"cpu", required_argument, 0, 'c'},       {"retain-mib", required_argument, 0, 'r'},
         {"retain-dir", required_argument, 0, 'D'}, {"tick-ms", required_argument, 0, 't'},
-        {"start-at", required_argument, 0, 'S'},
+        {"start-at", required_argument, 0, 'S'},  {"fill-ratio", required_argument, 0, 'f'},
         {0, 0, 0, 0},
     };
     const double big = 1 << 24; /* 16 TiB or ~194 days: beyond any sane step */
@@ -165,6 +235,7 @@ int main(int argc, char **argv)
         case 'D': opt.retain_dir = optarg; break;
         case 't': opt.tick = number("--tick-ms", optarg, 10000) / 1000; break;
         case 'S': opt.start_at = number("--start-at", optarg, 1e12); break;
+        case 'f': opt.fill_ratio = number("--fill-ratio", optarg, 1000); break;
         case 's':
             if (!strcmp(optarg, "ramp")) opt.shape = RAMP;
             else if (!strcmp(optarg, "spike")) opt.shape = SPIKE;
@@ -181,6 +252,7 @@ int main(int argc, char **argv)
     if (opt.retain > opt.peak) usage_error("--retain-mib exceeds --peak-mib", NULL);
     if (opt.hold > opt.duration) usage_error("--hold exceeds --duration", NULL);
     if (opt.tick < 0.001) usage_error("--tick-ms must be >= 1", NULL);
+    if (opt.fill_ratio > 0 && opt.fill_ratio < 1) usage_error("--fill-ratio must be 0 or >= 1", NULL);
 
     long page = sysconf(_SC_PAGESIZE);
     size_t cap = ((size_t)(opt.peak * MIB) + page - 1) / page * page;
@@ -205,6 +277,7 @@ int main(int argc, char **argv)
     }
 
     size_t resident = 0; /* bytes at the start of `mem` that are currently written */
+    unsigned long long seed = fill_seed();
     volatile double sink = 1.0;
     double t0 = now();
     for (long k = 0;; k++) {
@@ -215,9 +288,9 @@ int main(int argc, char **argv)
         size_t want = (size_t)(level_at(t) * MIB) / page * page;
         if (want > cap)
             want = cap;
-        if (want > resident) { /* grow: write one byte per page so the kernel must back it */
-            for (size_t off = resident; off < want; off += page)
-                mem[off] = (char)(off / page) | 1;
+        if (want > resident) { /* grow: write the pages so the kernel must back them */
+            touch(mem, resident, want, page, seed);
+            seed += (want - resident) / page; /* pages written again after a shrink differ */
             resident = want;
         } else if (want < resident) { /* shrink: hand the pages back, RSS drops at once */
             madvise(mem + want, resident - want, MADV_DONTNEED);

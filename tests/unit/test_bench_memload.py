@@ -130,9 +130,59 @@ def test_start_at_waits_for_the_instant_without_memory(memload: Path) -> None:
         ["--peak-mib", "-1"],
         ["--peak-mib"],
         ["--peak-mib", "10", "--start-at", "soon"],
+        ["--peak-mib", "10", "--fill-ratio", "0.5"],
+        ["--peak-mib", "10", "--fill-ratio", "x"],
     ],
 )
 def test_bad_args_exit_2(memload: Path, args: list[str]) -> None:
     p = subprocess.run([str(memload), *args], capture_output=True, timeout=10)
     assert p.returncode == 2
     assert p.stdout == b"" and p.stderr.startswith(b"memload: ")
+
+
+# -- fill: data of realistic compressibility (zram compresses page by page) -------------------
+
+
+def _zstd_ratios(data: bytes, tmp: Path) -> tuple[float, float]:
+    """(page-by-page ratio, as zram compresses; whole-buffer ratio) with the zstd CLI."""
+    pages = tmp / "pages"
+    pages.mkdir()
+    page = os.sysconf("SC_PAGE_SIZE")
+    for i in range(0, len(data), page):
+        (pages / f"p{i // page:06d}").write_bytes(data[i:i + page])
+    subprocess.run(["zstd", "-q", "-3", "--no-check", *map(str, sorted(pages.iterdir()))],
+                   check=True)
+    per_page = sum(f.stat().st_size for f in pages.glob("*.zst"))
+    whole = subprocess.run(["zstd", "-q", "-3", "-c"], input=data, capture_output=True,
+                           check=True).stdout
+    return len(data) / per_page, len(data) / len(whole)
+
+
+def _fill_dump(memload: Path, tmp: Path, *ratio: str) -> bytes:
+    """memload's fill, from its retained file (the same fill as its heap pages)."""
+    r = _run(memload, "--peak-mib", "4", "--duration", "0.05", "--retain-mib", "2",
+             "--retain-dir", str(tmp), *(("--fill-ratio", *ratio) if ratio else ()))
+    assert r.exit_code == 0, r.stderr
+    (f,) = tmp.glob("memload-retained-*")
+    return f.read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="the zstd CLI is not installed")
+@pytest.mark.parametrize("ratio", [None, "2.5", "3.5"])
+def test_fill_compresses_like_process_memory(memload: Path, tmp_path: Path,
+                                             ratio: str | None) -> None:
+    data = _fill_dump(memload, tmp_path, *([ratio] if ratio else []))
+    per_page, whole = _zstd_ratios(data, tmp_path)
+    want = float(ratio or 3.0)  # memload's default: 3:1
+    print(f"fill {want}: zstd -3 page by page {per_page:.2f}:1, whole buffer {whole:.2f}:1")
+    assert abs(per_page - want) <= 0.1 * want, per_page
+    assert want * 0.9 <= whole <= want * 1.25, whole  # cross-page matches add a little
+    page = os.sysconf("SC_PAGE_SIZE")
+    chunks = [data[i:i + page] for i in range(0, len(data), page)]
+    assert len(set(chunks)) == len(chunks)  # no page deduplicates (zram's same-page check)
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="the zstd CLI is not installed")
+def test_fill_ratio_0_is_the_old_nearly_empty_page(memload: Path, tmp_path: Path) -> None:
+    per_page, _ = _zstd_ratios(_fill_dump(memload, tmp_path, "0"), tmp_path)
+    assert per_page > 30, per_page  # what made compressed swap look free
