@@ -14,12 +14,9 @@ agent's terms, and end with something it can do differently on its next call.
 from __future__ import annotations
 
 import math
-import os
-import re
-import shlex
-from collections.abc import Iterator
 
-from execgate.common.commands import ASSIGNMENT, NODE_PMS, PYTHON, RUNNERS, SHELLS
+from execgate.common import commands
+from execgate.common.commands import NODE_PMS
 from execgate.common.hints import ENV_NAME, GiB, MiB, escape, quote
 
 TAG = "[execgate]"
@@ -27,8 +24,6 @@ MAX_LINE = 160
 MAX_LINES = 5
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-_SEGMENT_SPLIT = re.compile(r"&&|\|\||[;|&\n()]")
-_PREFIXES = {"sudo", "env", "time", "nice", "nohup", "exec", "command", "npx", "stdbuf"}
 _TEST_EXAMPLES = {
     "pytest": "pytest path/to/test_one.py",
     "py.test": "pytest path/to/test_one.py",
@@ -90,64 +85,15 @@ def _hint_size(n: int) -> str:
     return f"{n // GiB}g" if n % GiB == 0 else f"{n // MiB}m"
 
 
-def _wrapper_words(words: list[str]) -> int:
-    """How many leading words only wrap the real command (`FOO=1`, `sudo`, `uv run`, ...)."""
-    head = os.path.basename(words[0])
-    if ASSIGNMENT.fullmatch(words[0]):
-        return 1
-    if head in _PREFIXES:  # and its options: `sudo -E make test`
-        n = 1
-        while n < len(words) and words[n].startswith("-"):
-            n += 1
-        return n
-    if head == "timeout" or (head in RUNNERS and words[1:2] == ["run"]):
-        return 2
-    if PYTHON.fullmatch(head) and words[1:2] == ["-m"]:
-        return 2
-    return 0
-
-
-def _segments(argv: list[str]) -> Iterator[list[str]]:
-    """The simple commands an exec runs: `sh -c "cd x && pytest"` yields ['pytest'] among others."""
-    if len(argv) >= 3 and os.path.basename(argv[0]) in SHELLS and argv[1].startswith("-"):
-        text = argv[2] if "c" in argv[1] else " ".join(argv)
-    else:
-        text = " ".join(argv)
-    for segment in _SEGMENT_SPLIT.split(text):
-        try:
-            words = shlex.split(segment)
-        except ValueError:
-            words = segment.split()
-        while words and (skip := _wrapper_words(words)):
-            words = words[skip:]
-        if words:
-            yield [os.path.basename(words[0]), *words[1:]]
-
-
-def _is_test_script(rest: list[str]) -> bool:
-    return len(rest) > 1 and (rest[1] == "test" or rest[1].startswith("test:"))
-
-
 def classify(argv: list[str]) -> tuple[str, str]:
-    """('test' | 'install' | 'other', tool) for the first recognisable command of a call."""
-    for words in _segments(argv):
-        tool, rest = words[0], words[1:]
-        first = rest[0] if rest else ""
-        if tool in ("pytest", "py.test", "unittest", "tox", "nox", "jest", "vitest", "ctest"):
-            return "test", tool
-        if tool in ("go", "cargo") and first in ("test", "nextest"):
-            return "test", tool
-        if tool in ("make", "gmake") and any(t in ("test", "tests", "check") for t in rest):
-            return "test", tool
-        if tool in NODE_PMS and (first in ("test", "t")
-                                 or (first == "run" and _is_test_script(rest))):
-            return "test", tool
-        if tool in ("pip", "pip3", "uv") and "install" in rest[:2]:
-            return "install", "pip"
-        if tool in NODE_PMS and first in ("install", "i", "ci", "add"):
-            return "install", tool
-        if tool in ("apt", "apt-get") and first == "install":
-            return "install", tool
+    """('test' | 'install' | 'other', tool): the advice's view of the one command class
+    (common/commands.py, the estimator's too): a test run, a package install (a build is
+    `build_install` too, but "install fewer packages" is no advice for it), or anything else."""
+    command = commands.classify(argv)
+    if command.cls == commands.TEST:
+        return "test", command.tool
+    if command.install:
+        return "install", command.tool
     return "other", ""
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.calls import feedback
 from execgate.common.commands import (
     BUILD_INSTALL,
     LIGHT,
@@ -55,3 +56,23 @@ def test_a_chain_is_its_heaviest_command_and_the_first_of_those_names_the_tool()
 )
 def test_sudo_is_seen_through(argv: list[str], expected: str) -> None:
     assert classify_command(argv) == expected
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sh", "-c", "cd /src && python -m pytest -q"],
+        ["bash", "-lc", "pip install . && make"],
+        ["npm", "run", "build"],
+        ["go", "get", "example.com/x"],
+        ["make", "-j8", "check"],
+        ["git", "status"],
+        ["cat", "README.md"],
+    ],
+)
+def test_the_feedback_advises_by_the_estimators_class(argv: list[str]) -> None:
+    """One taxonomy: the OOM note's test / install / other is read off the same class."""
+    kind, _ = feedback.classify(argv)
+    cls = classify_command(argv)
+    assert (kind == "test") == (cls == TEST)
+    assert kind != "install" or cls == BUILD_INSTALL
