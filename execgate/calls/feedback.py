@@ -163,6 +163,14 @@ def admission_delayed(waited_s: float, reason: str = "host memory pressure") -> 
     )
 
 
+def admission_waiting(waited_s: float, reason: str) -> str:
+    """While a call waits to start (every 10 s): how long so far and why, so the agent neither
+    takes the silence for a hang nor retries (a retry queues behind this very call)."""
+    why = f" ({reason})" if reason else ""
+    return _message(f"Waiting for memory for {fmt_duration(waited_s)}{why};"
+                    " it starts on its own, do not retry.")
+
+
 def gate_held(held_s: float, run_s: float) -> str:
     """Explain a slow run: time spent paused while host memory was short is not the command's."""
     share = 100 if run_s <= 0 else min(100, round(100 * max(held_s, 0.0) / run_s))

@@ -33,9 +33,17 @@ logical budget unused, so once the credit covers the target's charge, releases a
 until it fits. A target whose predicted average exceeds the whole logical budget can never fit and
 reserves nothing (only the bounded wait will admit it).
 
-Waiting is bounded: a call queued for `max_admission_wait_s` is admitted at the next step whatever
-the state and budget (forced). Forced calls are not probes: they bypass the gates instead of
-testing them.
+Waiting is bounded, but never by forcing a call into a full host (issue 15 §3): a call queued
+`max_admission_wait_s` is *overdue* and goes to the head of the line. Overdue calls are taken
+oldest first under the no-force rule (`headroom.no_force`): one starts when its predicted peak fits
+the effective headroom left in this step, or when nothing else runs (alone it can only hurt
+itself, and it must make progress); it skips the logical budget, the credit reserve and yellow's
+size rules, but in red it takes the single probe slot like any probe and waits while another
+probe runs. An overdue call that may not start stops the whole step: nothing behind it is
+admitted, so releases accumulate for it (`first_in_line` says how much room it lacks, for the
+daemon to reclaim). Admitted overdue calls are marked `forced`. A call queued `max_queued_s`
+(0: never) starts whatever the state: the fail-open cap for a host whose running calls never end
+(a detached server holding its charge), counted as `overheld`.
 
 Fairness: within a queue, calls are ordered by priority (high, normal, low), then by when their
 sandbox was last served (least recently first; a sandbox with no queued or running call is
@@ -46,10 +54,11 @@ starve the others.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from execgate.policy.estimate import CallInfo, Demand, Estimator
+from execgate.policy.headroom import NoForce, no_force
 from execgate.policy.pressure import (
     GiB,
     MiB,
@@ -75,8 +84,11 @@ class AdmissionConfig:
     heavy_peak_bytes: int = 1 * GiB
     # β, the heavy target's credit rate in bytes/s; None = 10 % of the budget per second.
     credit_rate_bytes_per_s: float | None = None
-    # Bounded wait: a call queued this long is admitted anyway (forced).
+    # Bounded wait: a call queued this long is first in line (the no-force rule, above).
     max_admission_wait_s: float = 30.0
+    # Fail-open cap: a call queued this long starts whatever the state (0 = never). At or
+    # below max_admission_wait_s it is the old rule: every overdue call forced in.
+    max_queued_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.window_bytes is not None and self.window_bytes < 0:
@@ -85,6 +97,8 @@ class AdmissionConfig:
             raise ValueError("credit_rate_bytes_per_s must be >= 0")
         if self.max_admission_wait_s < 0:
             raise ValueError("max_admission_wait_s must be >= 0")
+        if self.max_queued_s < 0:
+            raise ValueError("max_queued_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,16 @@ class Decision:
     charge_bytes: int
     forced: bool
     probe: bool
+    reason: str
+    overheld: bool = False  # started by the max_queued_s cap, whatever the state
+
+
+@dataclass(frozen=True)
+class FirstInLine:
+    """The overdue call that holds the line: the room it lacks, to reclaim for it."""
+
+    call_id: str
+    deficit_bytes: int
     reason: str
 
 
@@ -160,6 +184,8 @@ class Admission:
         self._credit = 0.0
         self._credit_at = 0.0
         self._last: PressureReading | None = None
+        self._first: FirstInLine | None = None
+        self.overheld = 0  # calls started by the max_queued_s cap
 
     # -- public API --------------------------------------------------------------------------
 
@@ -226,17 +252,9 @@ class Admission:
         decisions: list[Decision] = []
         window = self._window(reading)
 
-        # Bounded wait first: forced calls bypass both gates but still use headroom below.
-        max_wait = self._max_wait
-        headroom_left = reading.effective_headroom
-        overdue = [e for e in self._queued.values() if now - e.arrival >= max_wait]
-        for entry in sorted(overdue, key=lambda e: (e.arrival, e.seq)):
-            charge = logical_charge(entry.demand, self._admitted_bytes, window)
-            waited = now - entry.arrival
-            reason = f"forced: waited {waited:.1f} s >= {max_wait:g} s (state {reading.state})"
-            decisions.append(self._admit(entry, now, charge, True, False, reason))
-            headroom_left = max(headroom_left - entry.demand.peak_bytes, 0)
-
+        headroom_left, blocked = self._overdue(now, reading, window, decisions)
+        if blocked:
+            return decisions
         logical = reading.logical_budget
         while True:
             admitted = None
@@ -262,6 +280,40 @@ class Admission:
                 break
             decisions.append(admitted)
         return decisions
+
+    @property
+    def first_in_line(self) -> FirstInLine | None:
+        """The overdue call the last step could not start (nothing else was admitted)."""
+        return self._first
+
+    def explain(self, call_id: str) -> tuple[float, str] | None:
+        """(seconds queued, why it still waits) for a queued call, as of the last step (what
+        the waiting agent is told); None if it is not queued."""
+        entry = self._queued.get(call_id)
+        if entry is None:
+            return None
+        waited = max(self.clock() - entry.arrival, 0.0)
+        return waited, self._why_waiting(entry)
+
+    def _why_waiting(self, entry: _Entry) -> str:
+        last, first = self._last, self._first
+        if first is not None and first.call_id == entry.call.call_id:
+            if first.deficit_bytes == 0:
+                return "first in line, waiting for the single probe slot of a full host"
+            return (f"first in line, needs {fmt_bytes(first.deficit_bytes)} more free memory"
+                    f" beside {len(self._running)} running call(s)")
+        if first is not None:
+            return "behind a call that has waited longer"
+        if last is None:
+            return "not assessed yet"
+        peak = entry.demand.peak_bytes
+        if last.state is Pressure.RED:
+            return (f"host memory is low: {fmt_bytes(last.effective_headroom)} free, "
+                    f"this call may need {fmt_bytes(peak)}")
+        if peak > last.effective_headroom:
+            return (f"this call may need {fmt_bytes(peak)}, "
+                    f"{fmt_bytes(last.effective_headroom)} is free")
+        return f"memory is booked by {len(self._running)} running call(s)"
 
     def predicted_growth(self, usage: Mapping[str, int], undeclared_only: bool = False) -> int:
         """Growth still predicted for admitted calls, given their current bytes by call id
@@ -303,6 +355,10 @@ class Admission:
             "admitted_bytes": self._admitted_bytes,
             "alpha": self._alpha(window),
             "probe": self._probe,
+            "first_in_line": None if self._first is None else {
+                "call_id": self._first.call_id, "deficit_bytes": self._first.deficit_bytes,
+                "reason": self._first.reason},
+            "overheld": self.overheld,
             "credit": {
                 "target": self._target,
                 "bytes": int(credit) if self._target is not None else 0,
@@ -344,6 +400,46 @@ class Admission:
     @property
     def _max_wait(self) -> float:
         return self.config.max_admission_wait_s
+
+    def _overdue(self, now: float, reading: PressureReading, window: int,
+                 decisions: list[Decision]) -> tuple[int, bool]:
+        """Overdue calls, oldest first, under the no-force rule; appends their admissions.
+        Returns the effective headroom left and whether one of them holds the line (then
+        nothing else may be admitted this step)."""
+        self._first = None
+        headroom_left = reading.effective_headroom
+        max_wait, cap = self._max_wait, self.config.max_queued_s
+        overdue = [e for e in self._queued.values() if now - e.arrival >= max_wait]
+        for entry in sorted(overdue, key=lambda e: (e.arrival, e.seq)):
+            waited = now - entry.arrival
+            peak = entry.demand.peak_bytes
+            charge = logical_charge(entry.demand, self._admitted_bytes, window)
+            probe = False
+            if cap and waited >= cap:
+                self.overheld += 1
+                reason = (f"overheld: queued {waited:.1f} s >= max_queued_s {cap:g} s, "
+                          f"started whatever the state ({reading.state})")
+                d = self._admit(entry, now, charge, True, False, reason)
+                decisions.append(replace(d, overheld=True))
+                headroom_left = max(headroom_left - peak, 0)
+                continue
+            v = no_force(peak, headroom_left, len(self._running))
+            if v.run and v.deficit_bytes == 0 and reading.state is Pressure.RED:
+                # Red's single probe: an overdue call that fits takes the slot, or waits for it.
+                if self._probe is not None:
+                    v = NoForce(False, True, 0, f"wait over, first in line: red, probe "
+                                f"{self._probe} runs; peak {fmt_bytes(peak)} fits headroom "
+                                f"{fmt_bytes(headroom_left)}")
+                else:
+                    probe = True
+            if not v.run:
+                self._first = FirstInLine(entry.call.call_id, v.deficit_bytes, v.reason)
+                return headroom_left, True
+            reason = (f"forced: waited {waited:.1f} s >= {max_wait:g} s, {v.reason} "
+                      f"({reading.state})")
+            decisions.append(self._admit(entry, now, charge, True, probe, reason))
+            headroom_left = max(headroom_left - peak, 0)
+        return headroom_left, False
 
     def _window(self, reading: PressureReading) -> int:
         w = self.config.window_bytes

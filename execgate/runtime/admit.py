@@ -1,10 +1,16 @@
 """Ask execgated to admit a tool call before it runs; fail open on any trouble.
 
-The daemon answers in two frames: `queued` at once, `admitted` when the call may start. Only
-the first is held to the short budget (daemon_timeout_ms): a daemon that is down, wedged or
-slow costs a call at most that, and the call then runs unmanaged. Waiting for `admitted` is
-bounded by the daemon's own max wait (it admits anyway then) plus slack, and a daemon that
-dies while we wait closes the socket, which ends the wait at once.
+The daemon answers `queued` at once, then — because we ask for them (`progress_s`) — a
+`waiting` frame every PROGRESS_S seconds while the call waits (the agent is told why on its
+stderr), and `admitted` when the call may start. The first frame is held to the short budget
+(daemon_timeout_ms): a daemon that is down, wedged or slow costs a call at most that, and the
+call then runs unmanaged. After it, a daemon that keeps us informed is waited for: a call
+whose bounded wait has ended is first in line, not forced into a full host (docs/protocol.md),
+so it may wait longer than max_wait_s. Two bounds keep that wait finite: silence for
+PROGRESS_S + SLACK_S (a wedged daemon), and the daemon's own fail-open cap, max_queued_s +
+SLACK_S in all (the daemon starts the call by then itself). A daemon that dies while we wait
+closes the socket, which ends the wait at once. A daemon that sends no `progress_s` back (an
+older one) is waited for max_wait_s + SLACK_S, as it forces the call by then.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from execgate.common import protocol
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from execgate.oci.runclog import RuncLog
 
 SLACK_S = 5.0
+PROGRESS_S = 10.0  # how often a waiting agent is told (issue 15: every 10 s)
 
 
 def done(path: str, budget_s: float, call_id: str) -> dict[str, Any] | None:
@@ -32,22 +40,51 @@ def done(path: str, budget_s: float, call_id: str) -> dict[str, Any] | None:
     return answer if answer.get("ok") else None
 
 
-def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog) -> dict[str, Any] | None:
-    """The daemon's `admitted` answer (with waited_s, forced, ...), or None to run unmanaged."""
+def _number(value: Any, default: float | None) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return default
+    return float(value)
+
+
+def wait_bound(first: dict[str, Any]) -> tuple[float | None, float]:
+    """(total seconds to wait for `admitted`, or None for as long as the daemon keeps us
+    informed; seconds of silence after which the daemon counts as wedged), from `queued`."""
+    progress = _number(first.get("progress_s"), None)
+    max_wait = _number(first.get("max_wait_s"), 30.0) or 0.0
+    if not progress:  # an older daemon: it forces the call after max_wait_s
+        return max_wait + SLACK_S, max_wait + SLACK_S
+    cap = _number(first.get("max_queued_s"), 0.0)
+    return (cap + SLACK_S if cap else None), progress + SLACK_S
+
+
+def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
+            on_wait: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+    """The daemon's `admitted` answer (with waited_s, forced, ...), or None to run unmanaged.
+    on_wait gets every `waiting` frame (waited_s, reason) while the call waits."""
     if not os.path.exists(path):
         log.debug(f"call {msg.get('call')}: no daemon socket at {path}; running unmanaged")
         return None
     t0 = time.monotonic()
     try:
         with protocol.Client(path, budget_s) as daemon:
-            daemon.send(protocol.request("admit", **msg))
+            daemon.send(protocol.request("admit", progress_s=PROGRESS_S, **msg))
             first = daemon.recv()
             if not first.get("ok") or not first.get("queued"):
                 log.warning(f"call {msg.get('call')}: daemon refused: {first.get('error')}; "
                             "running unmanaged")
                 return None
-            daemon.settimeout(float(first.get("max_wait_s", 30.0)) + SLACK_S)
-            final = daemon.recv()
+            total, silence = wait_bound(first)
+            deadline = None if total is None else time.monotonic() + total
+            while True:
+                left = silence if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no admission within {total:g} s")
+                daemon.settimeout(min(silence, left))
+                final = daemon.recv()
+                if not final.get("waiting"):
+                    break
+                if on_wait is not None:
+                    on_wait(final)
     except (OSError, protocol.ProtocolError) as e:
         waited = time.monotonic() - t0
         log.warning(f"call {msg.get('call')}: daemon unavailable after {waited:.2f}s "

@@ -36,6 +36,15 @@ def _stderr(text: str) -> None:
         pass
 
 
+def _waiting(frame: dict[str, Any]) -> None:
+    """The daemon's `waiting` frame, told on the call's stderr before it starts (not for a TTY
+    call: its terminal is runc's to set up, after admission)."""
+    from execgate.calls import feedback
+
+    _stderr(feedback.admission_waiting(float(frame.get("waited_s") or 0.0),
+                                       str(frame.get("reason") or "")))
+
+
 def _hint(ctx: Context, spec: process_mod.ProcessSpec | None, rec: dict[str, Any], cg: str
           ) -> dict[str, Any] | None:
     """The call's hint (calls/hint.py), from its process spec (Docker merges the container's
@@ -78,7 +87,7 @@ def handle(ctx: Context) -> list[str]:
                     oom_score_adj=ctx.config.tool_oom_score_adj,
                     hold_exit=ctx.config.tty_exit_hold, arrival=time.time())
     answer = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,
-                           call.admit_request(), ctx.log)
+                           call.admit_request(), ctx.log, None if call.tty else _waiting)
     if answer is None:  # the daemon thaws an idle sandbox when it admits; failing open, we do
         container.thaw_init(cg)
         call.admitted(False)

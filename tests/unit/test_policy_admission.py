@@ -245,8 +245,11 @@ def test_unfittable_heavy_target_reserves_nothing() -> None:
         h.submit(f"l{i}", peak=1000 * MiB, sandbox=f"s{i}")
     assert h.ids() == ["l0", "l1", "l2", "l3"]
     h.clock.advance(10.0)
+    assert h.step() == []  # overdue, but it would not fit beside the four: first in line
+    for i in range(4):
+        h.adm.release(f"l{i}")
     [d] = h.step()
-    assert (d.call_id, d.forced) == ("huge", True)
+    assert (d.call_id, d.forced) == ("huge", True)  # alone
 
 
 def test_credit_target_is_sticky_and_moves_on_cancel() -> None:
@@ -367,10 +370,12 @@ def test_bounded_wait_uses_the_callers_arrival_and_admits_oldest_first() -> None
     h.submit("young", peak=1 * MiB, arrival=now - 6.0)
     h.submit("old", peak=1 * MiB, arrival=now - 9.0)
     decisions = h.step(reading(RED, eff=0))
-    assert [(d.call_id, d.forced, d.waited_s) for d in decisions] == [
-        ("old", True, 9.0),
-        ("young", True, 6.0),
-    ]
+    # The oldest runs alone; the next would run beside it into red, so it waits first in line.
+    assert [(d.call_id, d.forced, d.waited_s) for d in decisions] == [("old", True, 9.0)]
+    assert h.adm.first_in_line is not None and h.adm.first_in_line.call_id == "young"
+    h.adm.release("old")
+    [d] = h.step(reading(RED, eff=0))
+    assert (d.call_id, d.forced, d.waited_s) == ("young", True, 6.0)
 
 
 def test_forced_calls_use_up_headroom_of_the_step() -> None:
@@ -380,6 +385,93 @@ def test_forced_calls_use_up_headroom_of_the_step() -> None:
     h.submit("y2", peak=100 * MiB, sandbox="C")
     decisions = h.step(reading(YELLOW, eff=300 * MiB))
     assert [(d.call_id, d.forced) for d in decisions] == [("old", True), ("y1", False)]
+
+
+def test_overdue_call_that_does_not_fit_is_not_admitted_beside_running_calls() -> None:
+    """The 8.6x sweep forced calls into red; an expired wait now only puts a call first in line:
+    it runs when its peak fits, or alone, and nothing behind it overtakes."""
+    h = Harness(AdmissionConfig(max_admission_wait_s=5.0, max_queued_s=0))
+    h.submit("run", peak=300 * MiB, sandbox="A")
+    assert h.ids(reading(GREEN, eff=400 * MiB)) == ["run"]
+    h.submit("big", peak=300 * MiB, sandbox="B")
+    h.clock.advance(1.0)
+    h.submit("small", peak=10 * MiB, sandbox="C")
+    red = reading(RED, eff=50 * MiB)
+    assert h.ids(red) == ["small"]  # not overdue yet: the red probe
+    h.adm.release("small")
+    h.clock.advance(10.0)
+    h.submit("tiny", peak=1 * MiB, sandbox="D")
+    for _ in range(3):  # waits past max_wait; even a call that fits may not overtake it
+        assert h.step(red) == []
+        h.clock.advance(10.0)
+    first = h.adm.first_in_line
+    assert first is not None and first.call_id == "big"
+    assert first.deficit_bytes == 250 * MiB
+    assert h.adm.snapshot()["first_in_line"]["deficit_bytes"] == 250 * MiB
+    waited, why = h.adm.explain("big") or (0.0, "")
+    assert waited == pytest.approx(41.0) and why.startswith("first in line, needs 250 MiB")
+    assert h.adm.explain("tiny") == (pytest.approx(30.0), "behind a call that has waited longer")
+    assert h.adm.explain("run") is None  # running, not queued
+    # Room frees (green, enough headroom): it fits and runs first, then the rest.
+    decisions = h.step(reading(GREEN, eff=350 * MiB))
+    assert [(d.call_id, d.forced) for d in decisions] == [("big", True), ("tiny", True)]
+    assert "fits headroom" in decisions[0].reason
+    assert h.adm.first_in_line is None
+
+
+def test_overdue_call_runs_alone_once_the_running_calls_end() -> None:
+    h = Harness(AdmissionConfig(max_admission_wait_s=5.0))
+    h.submit("run", peak=300 * MiB, sandbox="A")
+    assert h.ids() == ["run"]
+    h.submit("big", peak=8 * GiB, sandbox="B")  # larger than the whole domain
+    h.clock.advance(6.0)
+    assert h.step(reading(RED, eff=0)) == []
+    h.adm.release("run")
+    [d] = h.step(reading(RED, eff=0))
+    assert (d.call_id, d.forced, d.probe) == ("big", True, False)
+    assert "runs alone" in d.reason
+
+
+def test_overdue_call_in_red_takes_the_single_probe_slot() -> None:
+    h = Harness(AdmissionConfig(max_admission_wait_s=5.0))
+    red = reading(RED, eff=200 * MiB)
+    h.submit("p1", peak=50 * MiB, sandbox="A")
+    assert h.ids(red) == ["p1"]  # the probe
+    h.submit("old", peak=50 * MiB, sandbox="B")
+    h.clock.advance(6.0)
+    assert h.step(red) == []  # it fits, but the probe slot is taken: it waits first in line
+    assert h.adm.first_in_line is not None and h.adm.first_in_line.deficit_bytes == 0
+    h.adm.release("p1")
+    [d] = h.step(red)
+    assert (d.call_id, d.forced, d.probe) == ("old", True, True)
+
+
+def test_max_queued_s_fails_open_and_is_counted() -> None:
+    h = Harness(AdmissionConfig(max_admission_wait_s=5.0, max_queued_s=60.0))
+    h.submit("server", peak=4 * GiB, sandbox="A")  # a detached call that never ends
+    assert h.ids() == ["server"]
+    h.submit("big", peak=1 * GiB, sandbox="B")
+    h.clock.advance(59.0)
+    assert h.step(reading(RED, eff=0)) == []
+    h.clock.advance(1.0)
+    [d] = h.step(reading(RED, eff=0))
+    assert (d.call_id, d.forced, d.overheld) == ("big", True, True)
+    assert d.reason.startswith("overheld")
+    assert h.adm.overheld == 1 and h.adm.snapshot()["overheld"] == 1
+
+
+def test_max_queued_s_below_the_bounded_wait_forces_at_the_bounded_wait() -> None:
+    with pytest.raises(ValueError):
+        AdmissionConfig(max_queued_s=-1.0)
+    h = Harness(AdmissionConfig(max_admission_wait_s=30.0, max_queued_s=10.0))
+    h.submit("run", peak=4 * GiB, sandbox="A")
+    assert h.ids() == ["run"]
+    h.submit("late", peak=1 * GiB, sandbox="B")
+    h.clock.advance(29.0)
+    assert h.step(reading(RED, eff=0)) == []
+    h.clock.advance(1.0)
+    [d] = h.step(reading(RED, eff=0))
+    assert (d.call_id, d.overheld) == ("late", True)
 
 
 # -- fairness and priority -----------------------------------------------------------------------

@@ -117,7 +117,8 @@ class FakeDaemon:
     request and never answers; refuse: the first frame says no; version: what it speaks."""
 
     def __init__(self, path: str, silent: bool = False, refuse: str | None = None,
-                 version: int = 1, **admitted: Any) -> None:
+                 version: int = 1, waiting: list[dict[str, Any]] | None = None,
+                 **admitted: Any) -> None:
         self.requests: list[dict[str, Any]] = []
         self.hang_up = threading.Event()
         daemon = self
@@ -143,7 +144,10 @@ class FakeDaemon:
                         return
                     else:
                         answer(self.request, ok=True, queued=True, queue="light",
-                               max_wait_s=30.0)
+                               max_wait_s=30.0, **({"progress_s": 10.0, "max_queued_s": 600.0}
+                                                   if waiting else {}))
+                        for frame in waiting or ():
+                            answer(self.request, ok=True, waiting=True, **frame)
                         answer(self.request, **{"ok": True, "admitted": True, "waited_s": 0.01,
                                                 "forced": False, **admitted})
                         return
@@ -351,6 +355,42 @@ def test_a_long_wait_for_admission_is_explained_to_the_agent(tmp_path: Path) -> 
     assert "waited 3.5" in proc.stderr and "delayed, not hung" in proc.stderr
     (entry,) = box.journal_entries()
     assert entry["call"] == box.tool_name(argv) and entry["waited_s"] == 3.5
+
+
+def test_a_waiting_call_is_told_why_on_its_stderr_until_it_starts(tmp_path: Path) -> None:
+    box = Box(tmp_path)
+    frames = [{"waited_s": 10.0, "reason": "first in line, needs 50 MiB more free memory"},
+              {"waited_s": 20.0, "reason": "first in line, needs 10 MiB more free memory"}]
+    slow = FakeDaemon(str(box.socket), waiting=frames, waited_s=24.0, forced=True)
+    try:
+        argv = box.argv(box.process_spec(["pytest", "-q"]))
+        proc = box.run(argv, status=0)
+    finally:
+        slow.close()
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "Waiting for memory" in line]
+    assert notes == [
+        "[execgate] Waiting for memory for 10 s (first in line, needs 50 MiB more free memory);"
+        " it starts on its own, do not retry.",
+        "[execgate] Waiting for memory for 20 s (first in line, needs 10 MiB more free memory);"
+        " it starts on its own, do not retry."]
+    assert "waited 24 s" in proc.stderr  # and, once it starts, how long in all
+    assert slow.requests[0]["progress_s"] == 10.0  # it asked for the frames
+    (entry,) = box.journal_entries()
+    assert entry["managed"] is True and entry["waited_s"] == 24.0 and entry["forced"] is True
+
+
+@pytest.mark.parametrize(("first", "bound"), [
+    ({"max_wait_s": 30.0}, (35.0, 35.0)),  # an older daemon forces the call after max_wait_s
+    ({"max_wait_s": 30.0, "progress_s": 10.0, "max_queued_s": 600.0}, (605.0, 15.0)),
+    ({"max_wait_s": 30.0, "progress_s": 10.0, "max_queued_s": 0}, (None, 15.0)),
+    ({"max_wait_s": "x", "progress_s": True}, (35.0, 35.0)),  # nonsense: the old bound
+])
+def test_the_runtime_waits_while_the_daemon_keeps_it_informed_up_to_its_cap(
+        first: dict[str, Any], bound: tuple[float | None, float]) -> None:
+    from execgate.runtime import admit
+
+    assert admit.wait_bound(first) == bound
 
 
 def test_a_malformed_hint_never_fails_the_exec_and_the_agent_is_told_once(
