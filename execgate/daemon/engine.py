@@ -172,7 +172,33 @@ class Engine:
             self.wake.set()
         return ({"queue": ticket.queue, "peak": ticket.demand.peak_bytes,
                  "avg": ticket.demand.avg_bytes, "source": ticket.demand.source,
-                 "max_wait_s": self.settings.admission.max_admission_wait_s}, fut)
+                 "max_wait_s": self.settings.admission.max_admission_wait_s,
+                 "max_queued_s": self.settings.admission.max_queued_s}, fut)
+
+    def waiting(self, call_id: str) -> dict[str, Any] | None:
+        """How long a queued call has waited and why, for its progress frame (None: not
+        queued any more)."""
+        why = self.admission.explain(call_id)
+        if why is None or call_id not in self.pending:
+            return None
+        return {"waited_s": round(why[0], 3), "reason": why[1]}
+
+    def wait_bound_s(self) -> float | None:
+        """How long a front door waits for admission before it runs the call unmanaged:
+        the fail-open cap max_queued_s plus slack, None without a cap (the daemon admits a
+        call at the latest when the calls before it end)."""
+        adm, slack = self.settings.admission, self.settings.daemon.admission_slack_s
+        return max(adm.max_queued_s, adm.max_admission_wait_s) + slack if adm.max_queued_s \
+            else None
+
+    def submit_sandbox(self, msg: dict[str, Any]
+                       ) -> tuple[dict[str, Any], asyncio.Future[Any]]:
+        """A create asks to start (`start_sandbox`); decided at once when it fits."""
+        answer, fut = self.sandboxes.submit(msg)
+        if not fut.done():
+            self._step_sandboxes()
+            self.wake.set()  # from now on the loop ticks every sample period
+        return answer, fut
 
     def done(self, call_id: str) -> dict[str, Any]:
         """The call's watcher saw it end: release it now and say what the gate did to it."""
@@ -249,7 +275,8 @@ class Engine:
                 fut.set_result(decision)
             self.events.publish("admitted", call=decision.call_id, sandbox=info.sandbox,
                                 waited_s=round(decision.waited_s, 3), forced=decision.forced,
-                                probe=decision.probe, charge=decision.charge_bytes,
+                                probe=decision.probe, overheld=decision.overheld,
+                                charge=decision.charge_bytes,
                                 reason=decision.reason, state=str(self.reading.state))
 
     def _sample_calls(self) -> None:
