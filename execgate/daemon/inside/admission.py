@@ -41,13 +41,12 @@ class CallAdmission(AgentsState):
         c.wait = asyncio.ensure_future(self._wait(c, fut))
 
     async def _wait(self, c: Call, fut: asyncio.Future[Any]) -> None:
-        bound = (self.settings.admission.max_admission_wait_s
-                 + self.settings.daemon.admission_slack_s)
+        bound = self.engine.wait_bound_s()  # past max_wait_s a call is first in line, not forced
         try:
             decision = await asyncio.wait_for(asyncio.shield(fut), bound)
         except TimeoutError:
             log.warning("inside call %s: no admission after %.0f s; running unmanaged",
-                        c.name, bound)
+                        c.name, bound or 0.0)
             self.engine.cancel(c.name)
             self._run(c, None)
             return
