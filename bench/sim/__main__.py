@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from bench.generate import generate
 from bench.metrics import RETRY_LIMIT
 from bench.schemes import MiB, arrival_schedule, bench_config, oversubscription, parse_schemes
+from bench.sim import policy_rev
 from bench.sim.cost import CostModel, fit_results, fixed, load_results
 from bench.sim.memory import MemoryConfig
 from bench.sim.run import SimSettings, simulate
@@ -35,20 +38,27 @@ def _write(out: str | None, name: str, text: str) -> None:
         (Path(out) / name).write_text(text, encoding="utf-8")
 
 
+def _policy_line() -> str:
+    rev = policy_rev.active()
+    return (f"policy: execgate at {rev} (git archive)" if rev
+            else "policy: execgate of the working tree")
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     res = validate(args.results, tick_s=args.tick)
-    lines = [*table(res["rows"]), "", *summary(res["rows"])]
+    lines = [_policy_line(), "", *table(res["rows"]), "", *summary(res["rows"])]
     lines += ["", f"simulated {len(res['rows'])} runs in {res['wall_s']:.1f} s wall", "",
               "cost model (n = live sandboxes, averaged over the operation):"]
     lines += cost_lines(res["costs"], res["results"], res["tasks"])
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    _write(args.out, "validate.md", text)
+    _write(args.out, f"validate{'-' + args.policy_rev if args.policy_rev else ''}.md", text)
     if args.out:
         rows = [{k: v for k, v in r.items()} for r in res["rows"]]
         data = {"source": res["source"], "rows": rows,
                 "costs": {k: m.to_dict() for k, m in res["costs"].items()}}
-        _write(args.out, "validate.json", json.dumps(data, indent=1, default=str) + "\n")
+        name = f"validate{'-' + args.policy_rev if args.policy_rev else ''}.json"
+        _write(args.out, name, json.dumps(data, indent=1, default=str) + "\n")
     return 0
 
 
@@ -74,6 +84,16 @@ def _cost(spec: str) -> tuple[CostModel, dict[str, CostModel]]:
     return costs["runc"], costs
 
 
+def _one(job: tuple[Any, ...]) -> tuple[dict[str, Any], float]:
+    """One scheme of a sweep (in a worker process): its result and its own wall time."""
+    scheme, tasks, arrivals, budget, settings, wait = job
+    t0 = time.perf_counter()
+    cfg = bench_config({}, scheme, domain="/sim", admission_wait_s=wait) \
+        if scheme.daemon or scheme.runtime == "execgate" else None
+    r = simulate(scheme, tasks, arrivals, budget, settings, cfg)
+    return r, time.perf_counter() - t0
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     n = args.sandboxes
@@ -86,7 +106,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     mem = MemoryConfig(swap=args.swap, swap_ratio=args.swap_ratio,
                        swap_bandwidth_bps=args.swap_bandwidth_mib * MiB)
     settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
-                           retry_limit=RETRY_LIMIT)
+                           retry_limit=RETRY_LIMIT, immediate_steps=args.immediate)
     over = oversubscription(tasks, budget)
     lines = [f"{n} sandboxes (generator seed {args.seed}, calibrated, unscaled), budget "
              f"{budget / (1 << 30):.1f} GiB, oversubscription {over:.2f}x, arrivals "
@@ -96,12 +116,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
              "peak mem | wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
              "---: | ---: |"]
     out: list[dict[str, Any]] = []
+    jobs = [(s, tasks, arrivals, budget, settings, args.admission_wait) for s in schemes]
+    # Heaviest first, so the two workers finish together.
+    jobs.sort(key=lambda j: not j[0].daemon)
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        results = dict(zip([j[0].name for j in jobs], pool.map(_one, jobs), strict=True))
     for s in schemes:
-        t0 = time.perf_counter()
-        cfg = bench_config({}, s, domain="/sim", admission_wait_s=args.admission_wait) \
-            if s.daemon or s.runtime == "execgate" else None
-        r = simulate(s, tasks, arrivals, budget, settings, cfg)
-        wall = time.perf_counter() - t0
+        r, wall = results[s.name]
         m = r["metrics"]
         out.append({"scheme": s.name, "wall_s": wall, "metrics": m, "daemon": r.get("daemon")})
         lines.append(f"| {s.name} | {m['tasks_completed']}/{m['tasks_total']} | {m['oom_kills']}"
@@ -127,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("results")
     v.add_argument("--out", help="write validate.md and validate.json here")
     v.add_argument("--tick", type=float, default=0.1, help="control period (s)")
+    v.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "
+                   "(the one the VM ran: fff81fa for docs/replay/sweep)")
     v.set_defaults(func=cmd_validate)
     f = sub.add_parser("fit", help="the control-plane cost model fitted to a results file")
     f.add_argument("results")
@@ -139,13 +162,18 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--mean-gap", type=float, default=1.0, help="seconds between arrivals")
     s.add_argument("--schemes", default="eager,static,reserve,agentcgroup,execgate,"
                                         "execgate-noadmit,execgate-nogrowth,execgate-noresidency")
-    s.add_argument("--static-k", default="100,200,400")
+    s.add_argument("--static-k", default="50,100,200")
     s.add_argument("--cost", default="hw", help="hw | none | fixed:RUN,EXEC,RM | RESULTS file")
     s.add_argument("--admission-wait", type=float, default=None)
     s.add_argument("--swap", action="store_true", help="compressed swap (default off)")
     s.add_argument("--swap-ratio", type=float, default=3.0)
     s.add_argument("--swap-bandwidth-mib", type=float, default=256.0)
     s.add_argument("--tick", type=float, default=0.1)
+    s.add_argument("--immediate", action="store_true",
+                   help="step admission on every submit/release as the daemon does (slower; "
+                        "default: once per period)")
+    s.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="schemes simulated in parallel (default: one per CPU)")
     s.add_argument("--out")
     s.set_defaults(func=cmd_sweep)
     return ap
@@ -153,6 +181,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "policy_rev", None) and not policy_rev.active():
+        return policy_rev.rerun(args.policy_rev, list(sys.argv[1:] if argv is None else argv))
+    policy_rev.check()
     if getattr(args, "seed", None) is not None and str(args.seed).lstrip("-").isdigit():
         args.seed = int(args.seed)
     return int(args.func(args))

@@ -85,7 +85,8 @@ class ExecgateHands:
     """One execgated on one simulated domain."""
 
     def __init__(self, settings: daemon_settings.Settings, domain: Domain,
-                 clock: Callable[[], float], residency_period_s: float = 1.0) -> None:
+                 clock: Callable[[], float], residency_period_s: float = 1.0,
+                 immediate: bool = True) -> None:
         self.settings = settings
         self.domain = domain
         self.clock = clock
@@ -97,6 +98,10 @@ class ExecgateHands:
         self.gate_on = settings.daemon.gate != "off"
         self.residency = settings.residency
         self.residency_period_s = residency_period_s
+        # The daemon steps admission at once on every submit and release (engine._step);
+        # immediate=False defers those steps to the next period (at most tick_s later), which
+        # a 1,000-sandbox run needs: each step sorts the whole queue.
+        self.immediate = immediate
         self.calls: dict[str, CallInfo] = {}  # submitted, not yet released
         self.running: dict[str, SimCall] = {}  # admitted and started
         self.cpu: dict[str, int] = {}
@@ -116,7 +121,7 @@ class ExecgateHands:
         self.admission.submit(info)
         self.frozen.discard(sandbox)  # the runtime thaws a sandbox before its call
         self.reclaimed.discard(sandbox)  # active again: a new idle period starts after it
-        return self.step()
+        return self.step() if self.immediate else []
 
     def started(self, call: SimCall) -> None:
         self.running[call.id] = call
@@ -135,7 +140,7 @@ class ExecgateHands:
                                                  avg_bytes=int(call.area / run),
                                                  duration_s=run, oom_killed=oom_killed))
         self.admission.release(call_id)
-        return self.step()
+        return self.step() if self.immediate else []
 
     # -- the control period --------------------------------------------------------------------
 

@@ -124,6 +124,7 @@ class Domain:
     running: dict[str, SimCall] = field(default_factory=dict)
     reclaiming: set[str] = field(default_factory=set)  # boxes with a memory.reclaim in flight
     static: float = 0.0  # sum of _box_static over live boxes, kept incrementally
+    levels: float = 0.0  # sum of the running calls' bytes (+ their overhead), kept likewise
 
     def _box_static(self, b: SimBox) -> float:
         return (b.anon + b.cache + b.swapped / self.config.swap_ratio
@@ -140,14 +141,25 @@ class Domain:
         if box is not None:
             box.alive = False
             self.static -= self._box_static(box)
-            if box.call is not None:
-                self.running.pop(box.call.id, None)
+            if box.call is not None and self.running.pop(box.call.id, None) is not None:
+                self.levels -= box.call.level + self.config.call_overhead_bytes
             if not self.boxes:
                 self.static = 0.0  # no float drift across an empty domain
+            if not self.running:
+                self.levels = 0.0
 
     def start_call(self, call: SimCall) -> None:
         call.box.call = call
         self.running[call.id] = call
+        self.levels += call.level + self.config.call_overhead_bytes
+
+    def advance(self, now: float) -> None:
+        """Every running call to its bytes at `now` (held calls keep theirs)."""
+        total = 0.0
+        for c in self.running.values():
+            c.advance(now)
+            total += c.level
+        self.levels = total + len(self.running) * self.config.call_overhead_bytes
 
     def calls(self) -> Iterator[SimCall]:
         return iter(self.running.values())
@@ -157,7 +169,10 @@ class Domain:
         box = call.box
         if box.call is call:
             box.call = None
-        self.running.pop(call.id, None)
+        if self.running.pop(call.id, None) is not None:
+            self.levels -= call.level + self.config.call_overhead_bytes
+            if not self.running:
+                self.levels = 0.0
         if leaves and box.alive:
             before = self._box_static(box)
             box.retained += call.profile.retained_bytes
@@ -168,8 +183,7 @@ class Domain:
 
     def usage(self) -> float:
         """memory.current of the slice (resident + the compressed copies of swapped pages)."""
-        extra = self.config.call_overhead_bytes
-        return self.static + sum(c.level + extra for c in self.running.values())
+        return self.static + self.levels
 
     def swap_used(self) -> int:
         return sum(b.swapped for b in self.boxes.values())

@@ -52,6 +52,7 @@ class SimSettings:
     retry_limit: int = RETRY_LIMIT
     residency_period_s: float = 1.0
     sample_every_s: float = 0.15  # memory samples kept for the metrics (the VM's 150 ms)
+    immediate_steps: bool = True  # admission stepped on every submit/release, as the daemon
 
 
 @dataclass(eq=False)
@@ -105,7 +106,7 @@ class Simulation:
         if scheme.daemon:
             settings, self.settings_errors = settings_from_config(cfg)
             self.hands = ExecgateHands(settings, self.domain, lambda: self.now,
-                                       self.s.residency_period_s)
+                                       self.s.residency_period_s, self.s.immediate_steps)
         self.waiters: dict[str, _TaskState] = {}  # call id -> task waiting in admission
         self.in_op: set[_TaskState] = set()
 
@@ -282,8 +283,7 @@ class Simulation:
 
     def _tick(self, dt: float) -> None:
         now = self.now
-        for c in list(self.domain.running.values()):
-            c.advance(now)
+        self.domain.advance(now)
         self.domain.step_reclaim(dt)
         self._on_kills(self.domain.enforce(now, dt))
         if self.hands is not None:

@@ -1,0 +1,87 @@
+"""Run the simulator on the execgate package as it was at a git revision.
+
+A VM results file was measured with the policy of its day; the working tree's policy has moved
+on since (the no-force rule, sandbox admission, ...). To validate the simulator against the VM the
+execgate schemes must run the same decision code the VM ran, so `--policy-rev REV` extracts
+`execgate` at REV (either layout: the package directory, or the older top-level directories mapped
+by pyproject's `[tool.setuptools.package-dir]`) into a temporary directory and re-runs the same
+command with it first on PYTHONPATH. bench/ itself is always the working tree's.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+ENV = "BENCH_SIM_POLICY_REV"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True).stdout
+
+
+def extract(rev: str, dest: Path) -> Path:
+    """dest/execgate as it was at rev; returns dest."""
+    names = _git("ls-tree", "--name-only", rev).decode().split()
+    if "execgate" in names:
+        mapping = {"execgate": "execgate"}
+    else:
+        pyproject = tomllib.loads(_git("show", f"{rev}:pyproject.toml").decode())
+        dirs = pyproject["tool"]["setuptools"]["package-dir"]
+        mapping = {src: pkg.replace(".", "/") for pkg, src in dirs.items()}
+    data = _git("archive", "--format=tar", rev, *mapping)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar.getmembers():
+            top, _, rest = m.name.partition("/")
+            if top not in mapping or not m.isfile():
+                continue
+            target = dest / mapping[top] / rest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            f = tar.extractfile(m)
+            assert f is not None
+            target.write_bytes(f.read())
+    init = dest / "execgate" / "__init__.py"
+    if not init.exists():
+        init.write_text("")
+    return dest
+
+
+def rerun(rev: str, argv: Sequence[str]) -> int:
+    """The same `python -m bench.sim` command, with execgate from rev. It runs in the
+    temporary directory (the working tree's bench/ linked in): `-m` puts the current directory
+    first on sys.path, ahead of PYTHONPATH, so from the repository root the working tree's
+    execgate would win. Relative paths in argv are made absolute first."""
+    cwd = os.getcwd()
+    args = [str(Path(cwd, a)) if not a.startswith("-") and Path(cwd, a).exists() else a
+            for a in argv]
+    with tempfile.TemporaryDirectory(prefix="egsim-") as tmp:
+        extract(rev, Path(tmp))
+        (Path(tmp) / "bench").symlink_to(REPO / "bench")
+        env = dict(os.environ, PYTHONPATH=tmp, **{ENV: rev})
+        return subprocess.run([sys.executable, "-m", "bench.sim", *args], env=env, cwd=tmp,
+                              check=False).returncode
+
+
+def check() -> None:
+    """In a re-run child: refuse to go on if execgate is not the extracted one."""
+    rev = active()
+    if rev is None:
+        return
+    import execgate
+
+    where = Path(execgate.__file__).resolve()
+    if REPO in where.parents:
+        raise SystemExit(f"policy_rev: execgate came from {where}, not from {rev}")
+
+
+def active() -> str | None:
+    """The revision this process's execgate comes from (None: the working tree)."""
+    return os.environ.get(ENV)
