@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from bench.trace import MemoryProfile, memory_at
 
 MiB = 1 << 20
+SLACK = 1.0  # bytes: curves are floats, a kill is never for rounding
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ class Domain:
         """Bring usage under memory.max: drop cache, swap out the coldest sandboxes (within the
         bandwidth of one period), then OOM-kill by badness until it fits."""
         over = self.usage() - self.budget
-        if over <= 0:
+        if over <= SLACK:
             return []
         for b in sorted((b for b in self.boxes.values() if b.cache), key=lambda b: -b.cache):
             if over <= 0:
@@ -247,12 +248,12 @@ class Domain:
                             key=lambda b: (b.call is not None, b.last_active)):
                 if over <= 0 or budget <= 0:
                     break
-                want = min(budget, over / (1 - 1 / self.config.swap_ratio))
+                want = min(budget, math.ceil(over / (1 - 1 / self.config.swap_ratio)))
                 freed = self._swap_out(b, want)
                 budget -= want
                 over -= freed
         kills = []
-        while over > 0:
+        while over > SLACK:
             victim = self._victim()
             if victim is None:
                 break
