@@ -23,8 +23,9 @@ from typing import Any
 
 from bench.generate import generate
 from bench.metrics import RETRY_LIMIT
-from bench.schemes import MiB, arrival_schedule, bench_config, oversubscription, parse_schemes
+from bench.schemes import MiB, arrival_schedule, bench_config, oversubscription
 from bench.sim import policy_rev
+from bench.sim import schemes as sim_schemes
 from bench.sim.cost import CostModel, fit_results, fixed, load_results
 from bench.sim.memory import MemoryConfig
 from bench.sim.run import SimSettings, simulate
@@ -45,7 +46,8 @@ def _policy_line() -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    res = validate(args.results, tick_s=args.tick)
+    extra = [x for x in (args.extra or "").split(",") if x.strip()]
+    res = validate(args.results, tick_s=args.tick, extra=extra)
     lines = [_policy_line(), "", *table(res["rows"]), "", *summary(res["rows"])]
     lines += ["", f"simulated {len(res['rows'])} runs in {res['wall_s']:.1f} s wall", "",
               "cost model (n = live sandboxes, averaged over the operation):"]
@@ -101,7 +103,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     arrivals = arrival_schedule(n, args.seed, args.arrival, args.mean_gap)
     budget = parse_size(args.budget)
     ks = [int(k) for k in args.static_k.split(",") if k.strip()]
-    schemes = parse_schemes(args.schemes, ks, n)
+    schemes = sim_schemes.parse(args.schemes, ks, n)
     cost, by_rt = _cost(args.cost)
     mem = MemoryConfig(swap=args.swap, swap_ratio=args.swap_ratio,
                        swap_bandwidth_bps=args.swap_bandwidth_mib * MiB)
@@ -148,6 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("results")
     v.add_argument("--out", help="write validate.md and validate.json here")
     v.add_argument("--tick", type=float, default=0.1, help="control period (s)")
+    v.add_argument("--extra", help="schemes the VM did not run, simulated on every point too "
+                   "(e.g. execgate-sandboxadmit)")
     v.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "
                    "(the one the VM ran: fff81fa for docs/replay/sweep)")
     v.set_defaults(func=cmd_validate)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.sim.memory import Domain, SimCall
+from bench.sim.memory import Domain, SimBox, SimCall
 from execgate.common.config import Config
 from execgate.common.hints import parse_size
 from execgate.daemon import settings as daemon_settings
@@ -44,6 +44,12 @@ from execgate.policy.growth import GrowthController, Sample
 from execgate.policy.pressure import PressureReading, assess_pressure
 from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import SandboxView, plan
+
+try:  # issue 15 §1; absent from older revisions (--policy-rev)
+    from execgate.policy import sandbox_admission as _sa
+    from execgate.policy.headroom import LiveSandbox
+except ImportError:  # pragma: no cover - depends on the revision
+    _sa = None  # type: ignore[assignment]
 
 
 def settings_from_config(cfg: Mapping[str, Any]) -> tuple[daemon_settings.Settings, list[str]]:
@@ -86,7 +92,7 @@ class ExecgateHands:
 
     def __init__(self, settings: daemon_settings.Settings, domain: Domain,
                  clock: Callable[[], float], residency_period_s: float = 1.0,
-                 immediate: bool = True) -> None:
+                 immediate: bool = True, sandbox_admission: Any = None) -> None:
         self.settings = settings
         self.domain = domain
         self.clock = clock
@@ -111,6 +117,58 @@ class ExecgateHands:
         self.green_since = clock()
         self.next_residency = 0.0
         self.stats = HandStats()
+        # Sandbox admission (policy/sandbox_admission.py), when the scheme has it: creates wait
+        # in the runtime until it says start. The daemon's own wiring of it is not written yet
+        # (issue 15); this is the simulator's, from the policy's docstring.
+        self.sandboxes = sandbox_admission
+        self.box_waiting: dict[str, int | None] = {}  # queued creates: their first call's peak
+        self.next_peak: dict[str, int] = {}  # live sandbox -> predicted peak of its queued call
+        self.box_peaks: dict[str, int] = {}  # live sandbox -> largest call peak so far
+        self.sandbox_waits: list[float] = []
+        self.sandbox_fail_open = 0
+
+    # -- sandbox creates -----------------------------------------------------------------------
+
+    def create(self, box_id: str, first_call_peak: int | None) -> list[str]:
+        """A managed create asks to start; returns the creates that may go on now."""
+        if self.sandboxes is None:
+            return [box_id]
+        self.sandboxes.submit(_sa.SandboxRequest(box_id, "bench", first_call_peak))
+        self.box_waiting[box_id] = first_call_peak
+        return self.step_sandboxes()
+
+    def step_sandboxes(self) -> list[str]:
+        if self.sandboxes is None or not self.box_waiting:
+            return []
+        now = self.clock()
+        live = []
+        for b in self.domain.boxes.values():
+            busy = b.id in self.next_peak or b.call is not None
+            live.append(LiveSandbox(b.id, int(b.anon + b.cache),
+                                    int(b.cache + (b.anon if self.domain.config.swap else 0)),
+                                    None if busy else now - b.last_active,
+                                    self.next_peak.get(b.id, 0)))
+        running = [int(max(c.level, self.calls[cid].declared_bytes or 0))
+                   for cid, c in self.running.items() if cid in self.calls]
+        margin = self.reading.safety_margin if self.reading is not None else 0
+        snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running)
+        go = []
+        for d in self.sandboxes.step(snap):
+            if d.start:
+                self.box_waiting.pop(d.sandbox_id, None)
+                self.sandbox_waits.append(d.waited_s)
+                self.sandbox_fail_open += d.verdict is _sa.Verdict.FAIL_OPEN
+                go.append(d.sandbox_id)
+        return go
+
+    def box_gone(self, box: SimBox) -> None:
+        """The sandbox was removed: the policy learns its baseline (what it held outside calls
+        at its largest: the init and retained bytes)."""
+        if self.sandboxes is None:
+            return
+        self.sandboxes.finished(box.id, "bench", box.baseline + box.retained,
+                                self.box_peaks.pop(box.id, None))
+        self.next_peak.pop(box.id, None)
 
     # -- the runtime's requests ----------------------------------------------------------------
 
@@ -118,7 +176,10 @@ class ExecgateHands:
                declared: int | None) -> list[Decision]:
         info = CallInfo(call_id, sandbox, argv, declared_bytes=declared)
         self.calls[call_id] = info
-        self.admission.submit(info)
+        ticket = self.admission.submit(info)
+        if self.sandboxes is not None:
+            self.sandboxes.settled(sandbox)  # its first call: it holds its baseline now
+            self.next_peak[sandbox] = ticket.demand.peak_bytes
         self.frozen.discard(sandbox)  # the runtime thaws a sandbox before its call
         self.reclaimed.discard(sandbox)  # active again: a new idle period starts after it
         return self.step() if self.immediate else []
@@ -134,6 +195,11 @@ class ExecgateHands:
         self.cpu.pop(call_id, None)
         if info is None:
             return []
+        if self.sandboxes is not None:
+            self.next_peak.pop(info.sandbox, None)
+            if call is not None:
+                self.box_peaks[info.sandbox] = max(self.box_peaks.get(info.sandbox, 0),
+                                                   int(call.peak))
         if call is not None and call.peak > 0:
             run = max(call.last - call.started, 1e-6)
             self.estimator.observe(info, Outcome(peak_bytes=int(call.peak),
@@ -229,6 +295,11 @@ class ExecgateHands:
 
     def summary(self) -> dict[str, Any]:
         s = dataclasses.asdict(self.stats)
+        if self.sandboxes is not None:
+            w = self.sandbox_waits
+            s["sandbox_wait_max_s"] = max(w, default=0.0)
+            s["sandbox_wait_mean_s"] = sum(w) / len(w) if w else 0.0
+            s["sandbox_fail_open"] = self.sandbox_fail_open
         s["held_calls"] = len(self.stats.held_calls)
         waits = s.pop("waits")
         s["admission_wait_max_s"] = max(waits, default=0.0)

@@ -30,6 +30,7 @@ from bench.schemes import Scheme, admit_fifo, hint_for, make_gate
 from bench.sim.cost import CostModel, fixed
 from bench.sim.hands import ExecgateHands, declared_bytes, settings_from_config
 from bench.sim.memory import Domain, MemoryConfig, SimBox, SimCall
+from bench.sim.schemes import sandbox_admission
 from bench.trace import LlmWait, Task, memload_argv, profiled_peak
 
 OOM_EXIT = 137
@@ -105,10 +106,14 @@ class Simulation:
         self.settings_errors: list[str] = []
         if scheme.daemon:
             settings, self.settings_errors = settings_from_config(cfg)
-            self.hands = ExecgateHands(settings, self.domain, lambda: self.now,
-                                       self.s.residency_period_s, self.s.immediate_steps)
+            mem_scale = float(tasks[0].metadata.get("mem_scale", 1.0)) if tasks else 1.0
+            clock = lambda: self.now  # noqa: E731 - the policy's injected clock
+            self.hands = ExecgateHands(settings, self.domain, clock, self.s.residency_period_s,
+                                       self.s.immediate_steps,
+                                       sandbox_admission(scheme, cfg, mem_scale, clock))
         self.waiters: dict[str, _TaskState] = {}  # call id -> task waiting in admission
         self.in_op: set[_TaskState] = set()
+        self.creates: dict[str, _TaskState] = {}  # box id -> task whose create waits
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -136,6 +141,11 @@ class Simulation:
             assert self.hands is not None and st.call_id is not None and st.box is not None
             self.waiters[st.call_id] = st
             self._decided(self.hands.submit(st.call_id, st.box.id, st.argv, st.declared))
+        elif kind == "create":
+            st.token += 1  # woken by sandbox admission
+            assert self.hands is not None
+            self.creates[arg[0]] = st
+            self._started(self.hands.create(*arg))
         elif kind == "process":
             call: SimCall = arg
             st.call = call
@@ -157,6 +167,12 @@ class Simulation:
             left = max(left - (self.now - since) / c_old, 0.0) if c_old > 0 else 0.0
             st.op = (name, left, self.now)
             self._wake(st, self.now + left * c_new, "op")
+
+    def _started(self, box_ids: Sequence[str]) -> None:
+        for bid in box_ids:
+            st = self.creates.pop(bid, None)
+            if st is not None:
+                self._wake(st, self.now, "created")
 
     def _decided(self, decisions: Sequence[Any]) -> None:
         for d in decisions:
@@ -187,8 +203,13 @@ class Simulation:
         rec: dict[str, Any] = {"task_id": task.id, "attempt": n, "start": self.now, "ok": False,
                                "oom_kills": 0, "calls_done": 0,
                                "calls_total": len(task.tool_calls), "reason": "", "exit": None}
+        box_id = f"{task.id}#{n}"
+        if self.hands is not None and self.hands.sandboxes is not None:
+            first = task.tool_calls[0] if task.tool_calls else None
+            peak = declared_bytes(hint_for(first)) if first and self.scheme.hints else None
+            yield ("create", (box_id, peak))  # the runtime's create asks before runc's
         yield ("op", ("run", 1.0))
-        box = SimBox(f"{task.id}#{n}", task.baseline_bytes, last_active=self.now)
+        box = SimBox(box_id, task.baseline_bytes, last_active=self.now)
         st.box = box
         self.domain.add_box(box)
         idx = 0
@@ -237,6 +258,8 @@ class Simulation:
         else:
             rec.update(end=self.now, ok=True)
         yield ("op", ("rm", 1.0))
+        if self.hands is not None:
+            self.hands.box_gone(box)
         self.domain.remove_box(box.id)
         st.box = None
         return rec
@@ -279,7 +302,8 @@ class Simulation:
             self._resume(st, None)
 
     def _busy(self) -> bool:
-        return bool(self.domain.running or self.waiters or self.domain.reclaiming)
+        return bool(self.domain.running or self.waiters or self.domain.reclaiming
+                    or self.creates)
 
     def _tick(self, dt: float) -> None:
         now = self.now
@@ -289,6 +313,7 @@ class Simulation:
         if self.hands is not None:
             decisions, victims = self.hands.tick(dt)
             self._decided(decisions)
+            self._started(self.hands.step_sandboxes())
             for cid in victims:
                 call = self.domain.running.get(cid)
                 if call is not None:

@@ -1,0 +1,52 @@
+"""Schemes only the simulator runs, beside bench/schemes.py's (which the VM runs too).
+
+`execgate-sandboxadmit`: execgate plus sandbox admission (execgate/policy/sandbox_admission.py,
+issue 15 §1): a sandbox's create waits until its predicted baseline and one call fit beside what
+cannot be pushed out. The daemon does not wire it yet; when it does, the bench gets the same
+scheme and this entry moves to bench/schemes.py (`_ABLATIONS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from bench.schemes import DEFAULT_STATIC_K, EXECGATE, Scheme, parse_schemes
+
+SANDBOX_ADMIT = replace(EXECGATE, name="execgate-sandboxadmit", family="execgate-sandboxadmit",
+                        description="execgate + sandbox admission (creates wait for room)")
+SIM_SCHEMES: dict[str, Scheme] = {SANDBOX_ADMIT.name: SANDBOX_ADMIT}
+
+
+def parse(spec: str, static_k: Sequence[int] = DEFAULT_STATIC_K,
+          n_tasks: int | None = None) -> list[Scheme]:
+    """bench.schemes.parse_schemes, plus the simulator's own names."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    out: list[Scheme] = []
+    for name in names:
+        out += [SIM_SCHEMES[name]] if name in SIM_SCHEMES else parse_schemes(name, static_k,
+                                                                            n_tasks)
+    seen: set[str] = set()
+    return [s for s in out if not (s.name in seen or seen.add(s.name))]
+
+
+def sandbox_admission(scheme: Scheme, cfg: Mapping[str, Any], mem_scale: float,
+                      clock: Callable[[], float]) -> Any:
+    """The scheme's SandboxAdmission (None for schemes without it, or a policy revision that has
+    none): [sandbox_admission] of the config if present, else the defaults with their byte
+    sizes divided by the workload's memory scale, as bench_config scales the daemon's tables."""
+    if scheme.name != SANDBOX_ADMIT.name:
+        return None
+    try:
+        from execgate.policy import sandbox_admission as sa
+    except ImportError:
+        return None
+    table = dict(cfg.get("sandbox_admission") or {})
+    base = sa.SandboxAdmissionConfig()
+    values = {f.name: (table[f.name] if f.name in table
+                       else max(0, round(getattr(base, f.name) / mem_scale))
+                       if f.name.endswith("_bytes") else getattr(base, f.name))
+              for f in dataclasses.fields(base)}
+    return sa.SandboxAdmission(sa.SandboxAdmissionConfig(**values), clock)
