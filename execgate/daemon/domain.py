@@ -20,6 +20,9 @@ class DomainSample:
     budget: int  # the domain's size
     used: int
     psi_some_avg10: float | None
+    # Swap the domain can still use (host SwapFree, within the domain's memory.swap.max);
+    # 0 without swap, None unknown. The last resort fires only once it is (nearly) gone.
+    swap_free: int | None = None
 
 
 def psi_some_avg10(data: bytes | None) -> float | None:
@@ -44,6 +47,7 @@ class Domain:
         self.cgroup = None if spec == "host" else spec
         self.budget_override = budget_override
         self.files = KeptFiles(max_open=8)
+        self._swap_free: int | None = None
 
     def describe(self) -> str:
         if self.cgroup is None:
@@ -52,12 +56,13 @@ class Domain:
         return f"cgroup {self.cgroup}{missing}"
 
     def _meminfo(self) -> tuple[int, int]:
-        """(MemTotal, MemAvailable) of the host."""
+        """(MemTotal, MemAvailable) of the host; SwapFree is kept in self._swap_free."""
         data = self.files.read("/proc", "meminfo") or b""
         total = meminfo.field(data, "MemTotal") or 0
         available = meminfo.field(data, "MemAvailable")
         if available is None:
             available = meminfo.field(data, "MemFree") or 0
+        self._swap_free = meminfo.field(data, "SwapFree")
         return total, available
 
     def sample(self) -> DomainSample:
@@ -72,15 +77,30 @@ class Domain:
             used = max(total - available, 0)
             available = min(available, max(self.budget_override - used, 0))
         return DomainSample(available, budget, max(budget - available, 0),
-                            psi_some_avg10(self.files.read("/proc/pressure", "memory")))
+                            psi_some_avg10(self.files.read("/proc/pressure", "memory")),
+                            self._swap_free)
 
     def _cgroup(self, current: int, raw_max: bytes) -> DomainSample:
         assert self.cgroup is not None
         unlimited = raw_max == b"max"
-        host_total, host_available = self._meminfo() if unlimited else (0, 0)
+        host_total, host_available = self._meminfo()
         budget = self.budget_override or (host_total if unlimited else int(raw_max))
         available = max(budget - current, 0)
         if unlimited:  # an unlimited cgroup is still bounded by the host
             available = min(available, host_available)
         return DomainSample(available, budget, current,
-                            psi_some_avg10(self.files.read(self.cgroup, "memory.pressure")))
+                            psi_some_avg10(self.files.read(self.cgroup, "memory.pressure")),
+                            self._cgroup_swap_free())
+
+    def _cgroup_swap_free(self) -> int | None:
+        """Host SwapFree, within the domain cgroup's own memory.swap.max when it sets one."""
+        assert self.cgroup is not None
+        free = self._swap_free
+        limit = self.files.read(self.cgroup, "memory.swap.max", absent_for_good=True)
+        used = self.files.read_int(self.cgroup, "memory.swap.current", absent_for_good=True)
+        if free is None or limit is None or limit.strip() == b"max" or used is None:
+            return free
+        try:
+            return max(min(free, int(limit) - used), 0)
+        except ValueError:
+            return free

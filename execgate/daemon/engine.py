@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from execgate.calls.oom_score import raise_oom_score_adj
 from execgate.cgroups import container, v2
 from execgate.common import records
 from execgate.common.config import Config
@@ -107,7 +108,7 @@ class Engine:
         self.events = EventBus()
         self.files = KeptFiles()  # running calls' cgroup files, read every period
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
-                                 settings.pressure)
+                                 settings.pressure, cfg.tool_oom_score_adj)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
         # bcc probes (OOM attribution, page faults); started by the daemon, after its socket
         self.probes = ProbeMonitor(settings.daemon.probes, self.events, cfg.state_dir,
@@ -151,6 +152,8 @@ class Engine:
                 adopted += 1
         return adopted
 
+                for pid in v2.procs(path):  # a crash may have left a held call's value lowered
+                    raise_oom_score_adj(pid, self.cfg.tool_oom_score_adj)
     # -- requests ------------------------------------------------------------------------------
 
     def submit(self, msg: dict[str, Any]) -> tuple[dict[str, Any], asyncio.Future[Decision]]:
@@ -227,7 +230,7 @@ class Engine:
             self._step()
             if self.reading is not None:
                 self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
-                                   self.sample.budget)
+                                   self.sample.budget, self.sample.swap_free)
                 self.residency.step(self.reading, self._busy, self.admission.queued_bytes)
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)

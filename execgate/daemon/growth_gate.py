@@ -4,8 +4,11 @@ Every control period the controller (policy/growth.py, TenonAgent Algorithm 1) g
 per running call and decides which may grow; only *changes* reach the actuator — the sched_ext
 scheduler's deny map, or cgroup.freeze where sched_ext is missing (bpf/gate.py). The actuator
 is checked every second: an ejected scheduler falls back to freezing and is re-loaded later.
-Last resort (ToolSched §3.4): when red persists and the domain is about to OOM, the daemon
-kills the worst offending tool call itself (cgroup.kill), never an agent or an init.
+A held call's tasks get `held_oom_score_adj` while held (calls/oom_score.py): a call we stopped
+keeps its memory, and at the tool value it would be the kernel's first OOM victim.
+Last resort (ToolSched §3.4): when red persists, swap is full or absent and the domain is about
+to OOM, the daemon kills the worst offending running tool call itself (cgroup.kill), never an
+agent, an init or a held call.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from execgate.calls import oom_score
 from execgate.cgroups import v2
 from execgate.policy.growth import CallSummary, GrowthConfig, GrowthController, Sample, Victim
 from execgate.policy.pressure import PressureConfig
@@ -72,14 +76,16 @@ class Tracked:
     cgroup: str
     cgroup_id: int
     allowed: bool = True
+    saved_oom: dict[int, int] | None = None  # pid -> oom_score_adj before the hold; None: not
 
 
 class GrowthGate:
     def __init__(self, config: GrowthConfig, mode: str, clock: Callable[[], float],
                  files: KeptFiles | None = None,
-                 pressure: PressureConfig | None = None) -> None:
+                 pressure: PressureConfig | None = None, tool_oom_score_adj: int = 0) -> None:
         """pressure: the daemon's [pressure] config, whose safety margin S the controller takes
-        off the headroom as admission does."""
+        off the headroom as admission does. tool_oom_score_adj: what the front doors gave the
+        calls' tasks, restored when a held call is released."""
         self.config = config
         self.files = files if files is not None else KeptFiles()
         self.mode = mode  # auto | sched_ext | freeze | off
@@ -93,6 +99,8 @@ class GrowthGate:
         self._next_health = 0.0
         self._ejected_at: float | None = None
         self.last: Any = None
+        self.tool_oom_score_adj = tool_oom_score_adj
+        self.proc = oom_score.PROC  # /proc (a temp dir in tests)
 
     # -- actuator lifecycle ----------------------------------------------------------------------
 
@@ -113,6 +121,8 @@ class GrowthGate:
 
     def stop(self) -> None:
         """Release everything on the way out: nothing may stay held by a daemon that is gone."""
+        for t in self.tracked.values():
+            self._oom(t, True)
         if self.actuator is not None:
             try:
                 self.actuator.clear()
@@ -159,10 +169,25 @@ class GrowthGate:
 
     # -- the period ----------------------------------------------------------------------------
 
+    def _oom(self, t: Tracked, allow: bool) -> None:
+        """A held call's tasks get the held oom_score_adj (again: it catches tasks forked or
+        raised since), a released one's their own back."""
+        held = self.config.held_oom_score_adj
+        if held >= self.tool_oom_score_adj:
+            return  # the calls are not raised above the held value: nothing to lower
+        if not allow:
+            if t.saved_oom is None:
+                t.saved_oom = {}
+            oom_score.lower(t.cgroup, held, t.saved_oom, self.proc)
+        elif t.saved_oom is not None:
+            oom_score.restore(t.cgroup, held, self.tool_oom_score_adj, t.saved_oom, self.proc)
+            t.saved_oom = None
+
     def update(self, calls: dict[str, Any], pressure: Pressure, mem_available: int,
-               budget: int | None = None) -> None:
+               budget: int | None = None, swap_free: int | None = None) -> None:
         """calls: call id -> LiveCall (cgroup, last_mem, info, admitted_at) of running calls;
-        mem_available and budget: the domain's (see GrowthController.update)."""
+        mem_available and budget: the domain's (see GrowthController.update); swap_free: the
+        swap it can still use (None: unknown, taken as none), for the last resort."""
         self._health(self.clock())
         samples = []
         for cid, call in calls.items():
@@ -196,17 +221,20 @@ class GrowthGate:
                     except Exception as e:  # noqa: BLE001 - a vanished cgroup, a full map
                         log.warning("gate %s %s: %s", "allow" if allow else "deny", cid, e)
                         continue
+                    self._oom(t, allow)
                     c = decision.calls[cid]
                     log.info("gate %s %s (%s%s): %s, %s, g %s, d %.0f MiB, H %.0f MiB, "
                              "held %.1f s", "allow" if allow else "deny", cid,
                              self.actuator.kind, "" if done else ", no-op", c.reason, pressure,
                              _mib_s(c.growth_bps), c.demand_bytes / MiB,
                              decision.headroom_bytes / MiB, c.held_s)
+                elif t is not None and not allow:
+                    self._oom(t, False)  # still held: tasks forked or raised since
         if log.isEnabledFor(logging.DEBUG) and decision.calls:
             log.debug("gate step: %s", self._describe(decision, mem_available))
         for cid in decision.vanished:
             self._forget(cid)
-        victim = self.controller.last_resort_victim(samples, mem_available)
+        victim = self.controller.last_resort_victim(samples, mem_available, swap_free)
         if victim is not None and victim.call_id not in self.killed:
             self._kill(victim)
 
@@ -249,7 +277,8 @@ class GrowthGate:
         t = self.tracked.get(victim.call_id)
         if t is None:
             return
-        log.error("last resort: killing %s (%.0f MiB over its declared demand, %.1f s old)",
+        log.error("last resort: killing %s (%.0f MiB over its credible declared demand, "
+                  "%.1f s old)",
                   victim.call_id, victim.excess_bytes / (1 << 20), victim.run_time_s)
         try:
             v2.write(t.cgroup, "cgroup.kill", "1")
@@ -261,6 +290,7 @@ class GrowthGate:
         t = self.tracked.pop(cid, None)
         if t is not None:
             self.files.forget(t.cgroup)
+            self._oom(t, True)  # what outlived the call gets its own value back
         if t is not None and not t.allowed and self.actuator is not None:
             try:
                 self.actuator.set(t.cgroup_id, True)  # drop the deny entry of a gone cgroup
@@ -289,4 +319,5 @@ class GrowthGate:
         return {"actuator": None if self.actuator is None else self.actuator.kind,
                 "reason": self.reason, "slots": snap.get("slots"),
                 "held": sorted(cid for cid, t in self.tracked.items() if not t.allowed),
+                "held_oom_score_adj": self.config.held_oom_score_adj,
                 "calls": snap.get("calls")}

@@ -15,6 +15,12 @@ its declaration — and then, from one snapshot of all calls, the headroom H and
 state Q (the daemon passes the state by usage alone: the growth it predicted for admitted calls
 is room admission set aside for them, not pressure to pace them by):
 
+Only undeclared growth is paced (issue 15 §4): a call below its declared peak
+(AGENT_RESOURCE_HINT memory) is never held — its growth up to that peak is what admission set
+aside for it, and holding it would only make a victim of it — and its remaining declaration is
+reserved from H before any undeclared grower is checked. Past its declaration it is paced like
+an undeclared call (that growth was set aside by nobody).
+
 * GREEN: every live call runs.
 * YELLOW: zero-demand calls (Resident, Cooling) run; at most ``b`` growing calls run, and their
   demand must fit in H. ``b`` follows AIMD: +1 per 5 s of continuous green, halved once per
@@ -104,6 +110,11 @@ class GrowthConfig:
     min_run_time_s: float = 0.1
     # Summaries of vanished calls kept until finished() collects them (bounded: never leak).
     finished_buffer: int = 1024
+    # oom_score_adj of a held call's tasks while it is held (restored when released): below
+    # the running calls' tool_oom_score_adj (500), so the kernel's OOM killer picks a running
+    # grower, not the call we stopped; not below the agents' and inits' 0, so a held call is
+    # still killed before its sandbox.
+    held_oom_score_adj: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.ewma_alpha <= 1.0:
@@ -128,6 +139,8 @@ class GrowthConfig:
             raise ValueError("last_resort_after_s and critical_headroom_bytes must be >= 0")
         if self.finished_buffer < 0:
             raise ValueError("finished_buffer must be >= 0")
+        if not -1000 <= self.held_oom_score_adj <= 1000:
+            raise ValueError("held_oom_score_adj must be in [-1000, 1000]")
 
 
 class CallState(enum.StrEnum):
@@ -146,6 +159,7 @@ class Reason(enum.StrEnum):
 
     GREEN = "green"  # no pressure: everything runs
     ZERO_DEMAND = "zero_demand"  # Resident/Cooling: not growing, never held
+    DECLARED = "declared"  # below its declared peak: admission set its growth aside
     ADMITTED = "admitted"  # yellow: within the b slots and the headroom
     PROBE = "probe"  # red: the single headroom-checked probe
     HOLD_CAP = "hold_cap"  # forced: denied for max_hold_s (sched_ext watchdog safety)
@@ -287,6 +301,11 @@ def _within_declaration(demand: int, s: Sample) -> int:
     return min(demand, declared - s.memory_bytes)
 
 
+def within_declaration(s: Sample) -> bool:
+    """A declared call still below its declared peak: its growth is admission's, never held."""
+    return bool(s.declared_bytes and s.declared_bytes > 0 and s.memory_bytes < s.declared_bytes)
+
+
 def _burst_rate(grown: int, faults_before: int | None, faults_now: int | None,
                 dt: float) -> float:
     """Fault evidence of one valid interval (bytes/s): how fast the call touched new pages, when
@@ -311,21 +330,34 @@ def pick_last_resort_victim(
     red_for_s: float,
     headroom_bytes: int,
     config: GrowthConfig | None = None,
+    budget_bytes: int | None = None,
+    swap_free_bytes: int | None = None,
 ) -> Victim | None:
     """ToolSched §3.4: the tool call to kill when the host is about to OOM, or None.
 
-    Only when red has persisted ``last_resort_after_s`` and ``headroom_bytes`` (what is left to
-    allocate) is below the critical level. The
-    victim has the largest (U - D) / T: usage above its declared demand per second of run time,
-    i.e. the call that overran its declaration fastest. Callers pass tool calls only (never the
-    container's init or the agent). Calls within their declaration (U - D <= 0) never qualify.
+    Only when red has persisted ``last_resort_after_s``, ``headroom_bytes`` (what is left to
+    allocate) is below the critical level and so is swap (``swap_free_bytes``; None: unknown,
+    taken as none): while swap has room the kernel pushes memory out instead of killing. The
+    victim has the largest V = (U - D) / T: usage above its declared demand per second of run
+    time, i.e. the call that overran its declaration fastest. D is trusted only up to the call's
+    share of the domain (``budget_bytes`` over the candidates): a huge declaration must not
+    move the kill onto a neighbour (issue 21). Callers pass running tool calls only — never the
+    container's init, the agent, or a call the gate holds. Calls within their (credible)
+    declaration (U - D <= 0) never qualify.
     """
     cfg = config or GrowthConfig()
     if red_for_s < cfg.last_resort_after_s or headroom_bytes >= cfg.critical_headroom_bytes:
         return None
+    if swap_free_bytes is not None and swap_free_bytes >= cfg.critical_headroom_bytes:
+        return None
+    candidates = list(samples)
+    share = None if not budget_bytes or not candidates else budget_bytes // len(candidates)
     best: Victim | None = None
-    for s in samples:
-        excess = s.memory_bytes - (s.declared_bytes or 0)
+    for s in candidates:
+        declared = s.declared_bytes or 0
+        if share is not None:
+            declared = min(declared, share)
+        excess = s.memory_bytes - declared
         if excess <= 0:
             continue
         run = max(now - s.started_at, cfg.min_run_time_s)
@@ -546,7 +578,8 @@ class GrowthController:
         slot_limit: int,
         now: float,
     ) -> tuple[dict[str, tuple[bool, Reason]], tuple[str, ...], set[str]]:
-        """Yellow/red: forced calls, then anti-flap holds, then eligible calls in priority order.
+        """Yellow/red: declared calls, forced calls, then anti-flap holds, then eligible calls in
+        priority order.
 
         Zero-demand calls are unconditional, so their (small, ≤ threshold · horizon) demand is
         reserved from H before any growing call is checked; growing calls then get the slots
@@ -566,6 +599,10 @@ class GrowthController:
         for cid in sorted(batch):
             c = self._calls[cid]
             growing = c.state == CallState.GROWING
+            if within_declaration(batch[cid]):  # its growth is admission's: reserved, not held
+                verdicts[cid] = (True, Reason.DECLARED)
+                remaining -= c.demand
+                continue
             if c.allowed:
                 eligible.append(((0, _STATE_RANK[c.state], 0, c.started_at, cid), c))
                 continue
@@ -657,24 +694,30 @@ class GrowthController:
             last_growth_bps=c.growth,
         )
 
-    def last_resort_victim(self, samples: Iterable[Sample], mem_available: int) -> Victim | None:
+    def last_resort_victim(self, samples: Iterable[Sample], mem_available: int,
+                           swap_free: int | None = None) -> Victim | None:
         """pick_last_resort_victim() with the red streak this controller has observed, only
         when nothing else helps: what the domain can still allocate (before the safety margin:
         S is the gate's slack, not the kernel's) is critical *and* still shrank over the
-        last period although the gate holds growth. A domain that is full but stable is the
-        gate working, not an OOM about to happen.
+        last period although the gate holds growth, and swap is full or absent. A domain that
+        is full but stable is the gate working, not an OOM about to happen. Only calls the
+        last decision let run are candidates: a held call is never the one killed.
         """
         now = self._clock()
         red_for = 0.0 if self._red_since is None else now - self._red_since
         prev, _ = self._available
         if prev is not None and mem_available >= prev:
             return None
+        running = [s for s in samples if s.call_id not in self._calls
+                   or self._calls[s.call_id].allowed]
         return pick_last_resort_victim(
-            samples,
+            running,
             now=now,
             red_for_s=red_for,
             headroom_bytes=mem_available,
             config=self.config,
+            budget_bytes=self._domain_budget,
+            swap_free_bytes=swap_free,
         )
 
     def snapshot(self) -> dict[str, object]:

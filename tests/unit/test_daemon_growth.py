@@ -101,7 +101,10 @@ def test_last_resort_kills_the_worst_offender(tmp_path: Path) -> None:
         clock.t += 0.1
         for d in (a, b):
             (d / "cpu.stat").write_text(f"usage_usec {i * 1000}\n")
-        gg.update(calls, Pressure.RED, (60 - i) * MiB, 512 * MiB)
+        green = i <= 2  # sampled while they ran: resident (not growing), so never held
+        gg.update(calls, Pressure.GREEN if green else Pressure.RED,
+                  (8 << 30) if green else (60 - i) * MiB, 512 * MiB)
+    assert gg.snapshot()["held"] == []
     assert (b / "cgroup.kill").read_text() == "1", "b is furthest above what it declared"
     assert (a / "cgroup.kill").read_text() == ""
     assert gg.outcome("tool-b")["killed_by_execgate"] is True
@@ -140,3 +143,87 @@ def test_probe_fault_counts_reach_the_controller_as_bytes(tmp_path: Path) -> Non
             assert c.demand_bytes == 50_000 * PAGE_SIZE * 2
     # ten faults that each allocated a transparent huge page brought in ten of them
     assert c.burst_bps == 10 * HPAGE_SIZE / 0.5
+
+
+def _tasks(root: Path, cg: Path, values: dict[int, int]) -> Path:
+    """cgroup.procs of cg and a fake /proc with each task's oom_score_adj."""
+    proc = root / "proc"
+    for pid, v in values.items():
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "oom_score_adj").write_text(f"{v}\n")
+    (cg / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in values))
+    return proc
+
+
+def _adj(proc: Path, pid: int) -> int:
+    return int((proc / str(pid) / "oom_score_adj").read_text())
+
+
+def test_held_values_are_the_decision_of_oom_score() -> None:
+    from execgate.calls import oom_score
+
+    assert oom_score.held_value(500, 0) == 0
+    assert oom_score.held_value(-100, 0) is None  # already below: never raised by a hold
+    saved = {1: 500, 2: -100}
+    assert oom_score.restored_value(1, 0, saved, 0, 500) == 500
+    assert oom_score.restored_value(2, -100, saved, 0, 500) == -100
+    assert oom_score.restored_value(1, 300, saved, 0, 500) is None  # someone else changed it
+    assert oom_score.restored_value(3, 0, saved, 0, 500) == 500  # born while held
+    assert oom_score.restored_value(3, 800, saved, 0, 500) is None
+
+
+def test_a_held_call_is_not_the_preferred_oom_victim_while_held(tmp_path: Path) -> None:
+    """Issue 15 §4: a held call's tasks drop from tool_oom_score_adj (500) to
+    held_oom_score_adj (0) while the gate holds it, so the kernel kills a running grower; a
+    task it forks meanwhile is lowered too, and all get their value back when released."""
+    clock = Clock()
+    gg = GrowthGate(GrowthConfig(), "freeze", clock, tool_oom_score_adj=500)
+    gg.actuator = FreezeGate(str(tmp_path))
+    a, b = _cg(tmp_path, "tool-a"), _cg(tmp_path, "tool-b")
+    gg.proc = str(_tasks(tmp_path, a, {101: 500, 102: 500}))
+    _tasks(tmp_path, b, {201: 500})
+    calls = {n: Call(CallInfo(n, "s", ["x"]), str(d), clock.t) for n, d in
+             (("tool-a", a), ("tool-b", b))}
+    proc = Path(gg.proc)
+    held = None
+    for i in range(1, 12):
+        clock.t += 0.1
+        for n, d in (("tool-a", a), ("tool-b", b)):
+            calls[n].last_mem = i * 20 * MiB
+            (d / "cpu.stat").write_text(f"usage_usec {i * 50_000}\n")
+        gg.update(calls, Pressure.RED, 600 * MiB)
+        if gg.snapshot()["held"]:
+            held = gg.snapshot()["held"]
+            break
+    assert held is not None and len(held) == 1
+    cg, pids = (a, (101, 102)) if held == ["tool-a"] else (b, (201,))
+    running_pids = (201,) if held == ["tool-a"] else (101, 102)
+    assert [_adj(proc, p) for p in pids] == [0] * len(pids)
+    assert [_adj(proc, p) for p in running_pids] == [500] * len(running_pids)
+    # The held call forks (the child inherits 0) and a watcher raises one task again.
+    _tasks(tmp_path, cg, {**{p: 0 for p in pids}, 999: 0})
+    (proc / str(pids[0]) / "oom_score_adj").write_text("500\n")
+    clock.t += 0.1
+    gg.update(calls, Pressure.RED, 600 * MiB)
+    assert _adj(proc, pids[0]) == 0, "lowered again while held"
+    for _ in range(3):
+        clock.t += 0.1
+        gg.update(calls, Pressure.GREEN, 8 << 30)  # released
+    assert gg.snapshot()["held"] == []
+    assert [_adj(proc, p) for p in (*pids, 999)] == [500] * (len(pids) + 1)
+
+
+def test_no_lowering_when_calls_are_not_raised(tmp_path: Path) -> None:
+    clock = Clock()
+    gg = GrowthGate(GrowthConfig(), "freeze", clock, tool_oom_score_adj=0)
+    gg.actuator = FreezeGate(str(tmp_path))
+    a = _cg(tmp_path, "tool-a")
+    gg.proc = str(_tasks(tmp_path, a, {101: 0}))
+    calls = {"tool-a": Call(CallInfo("tool-a", "s", ["x"]), str(a), clock.t)}
+    for i in range(1, 5):
+        clock.t += 0.1
+        calls["tool-a"].last_mem = i * 20 * MiB
+        (a / "cpu.stat").write_text(f"usage_usec {i * 50_000}\n")
+        gg.update(calls, Pressure.RED, 0)
+    assert gg.snapshot()["held"] == ["tool-a"]
+    assert _adj(Path(gg.proc), 101) == 0

@@ -555,9 +555,11 @@ def test_demand_is_capped_by_what_is_left_of_the_declaration() -> None:
     assert d.calls["b"].demand_bytes == 12 * MiB  # 120 - 108, not 64 MiB/s x 1 s
     assert d.calls["liar"].demand_bytes == 64 * MiB
     assert d.calls["silent"].demand_bytes == 64 * MiB
-    d = sim.step(R, avail(0), n=24)  # held ~3 s (after one more period: 116 MiB)
-    assert not d.allow["b"] and d.calls["b"].held_s > 2.5
-    assert d.calls["b"].demand_bytes == 4 * MiB  # the backlog stays within the declaration
+    sim.procs["b"].rate = 0  # b levels off below its declaration (116 MiB after a period)
+    d = sim.step(R, avail(0), n=24)  # the others held ~3 s
+    assert d.allow["b"] and d.calls["b"].reason == Reason.DECLARED  # never held
+    assert d.calls["b"].demand_bytes <= 4 * MiB  # what is left of its declaration
+    assert not d.allow["liar"] and d.calls["liar"].held_s > 2.5
     assert d.calls["liar"].demand_bytes > 192 * MiB
 
 
@@ -692,6 +694,33 @@ def test_snapshot_is_json_ready() -> None:
     assert a["denied_for_s"] == 0.25
 
 
+def test_a_declared_call_is_never_held_and_its_declaration_is_reserved() -> None:
+    """Issue 15 §4: the gate paces undeclared growth only. A declared grower below its peak
+    runs in red (admission set its growth aside), and what is left of its declaration is taken
+    off H before an undeclared grower is checked; past its declaration it is paced as well."""
+    sim = Sim()
+    sim.add("decl", rate_mib=32, memory_mib=100, declared=200 * MiB)
+    sim.add("undecl", rate_mib=32, memory_mib=100)
+    sim.warm()
+    d = sim.step(R, avail(60))  # H 60 MiB; decl's demand (32 MiB) reserved: 28 left < 32
+    assert d.allow["decl"] and d.calls["decl"].reason == Reason.DECLARED
+    assert not d.allow["undecl"] and d.calls["undecl"].reason == Reason.NO_HEADROOM
+    for _ in range(int(3 / STEP)):  # 3 s of red at no headroom: decl runs on, never held
+        d = sim.step(R, avail(0))
+        if sim.procs["decl"].memory >= 200 * MiB:
+            break
+        assert d.allow["decl"] and d.calls["decl"].held_s == 0.0
+    # It reached its declaration, and from there it is paced as an undeclared grower.
+    assert sim.procs["decl"].memory >= 200 * MiB
+    assert not d.allow["decl"] and d.calls["decl"].reason == Reason.NO_HEADROOM
+
+
+def test_held_oom_score_adj_is_validated() -> None:
+    assert GrowthConfig().held_oom_score_adj == 0
+    with pytest.raises(ValueError):
+        GrowthConfig(held_oom_score_adj=1001)
+
+
 # -- last resort -----------------------------------------------------------------------------
 
 
@@ -745,6 +774,44 @@ def test_last_resort_uses_the_red_streak_seen_by_the_controller() -> None:
     assert sim.ctl.last_resort_victim([p.sample()], 80 * MiB) is None  # not critical
     sim.step(Y, 20 * MiB)
     assert sim.ctl.last_resort_victim([p.sample()], 10 * MiB) is None  # streak broken
+
+
+def test_last_resort_never_picks_a_held_call() -> None:
+    """A held call keeps what it allocated but cannot grow: killing it frees its memory at the
+    price of a call we stopped ourselves; the victim is a running call."""
+    sim = Sim()
+    held = sim.add("held", rate_mib=64, memory_mib=400)
+    runner = sim.add("runner", rate_mib=0, memory_mib=200)
+    sim.warm()
+    mib = 60
+    for _ in range(20):  # red, critical and falling: held is denied, runner (resident) runs
+        mib -= 1
+        d = sim.step(R, mib * MiB)
+    assert not d.allow["held"] and d.allow["runner"]
+    v = sim.ctl.last_resort_victim([held.sample(), runner.sample()], (mib - 1) * MiB)
+    assert v is not None and v.call_id == "runner"
+    # Alone and held: nobody is killed (the memory falling is not a tool call's doing).
+    assert sim.ctl.last_resort_victim([held.sample()], (mib - 2) * MiB) is None
+
+
+def test_last_resort_trusts_a_declaration_only_up_to_the_calls_share() -> None:
+    """Issue 21 §3: a huge declaration must not move the kill onto a neighbour."""
+    hog = _s("hog", 700, 1_000_000, 0.0)  # declares about 1 TiB, uses 700 MiB
+    small = [_s(f"n{i}", 100, None, 0.0) for i in range(3)]  # 100 MiB each, undeclared
+    kw = {"now": 10.0, "red_for_s": 5.0, "headroom_bytes": 0}
+    v = pick_last_resort_victim([hog, *small], **kw)
+    assert v is not None and v.call_id.startswith("n")  # trusting the declaration: a neighbour
+    v = pick_last_resort_victim([hog, *small], budget_bytes=1024 * MiB, **kw)
+    assert v is not None and v.call_id == "hog"  # share 256 MiB: 700 - 256 = 444 MiB over
+    assert v.excess_bytes == 444 * MiB
+
+
+def test_no_last_resort_while_swap_has_room() -> None:
+    samples = [_s("a", 300, None, 0.0)]
+    kw = {"now": 10.0, "red_for_s": 5.0, "headroom_bytes": 0}
+    assert pick_last_resort_victim(samples, swap_free_bytes=512 * MiB, **kw) is None
+    assert pick_last_resort_victim(samples, swap_free_bytes=1 * MiB, **kw) is not None  # full
+    assert pick_last_resort_victim(samples, swap_free_bytes=None, **kw) is not None  # none
 
 
 def test_no_last_resort_while_the_gate_holds_the_domain_steady() -> None:
