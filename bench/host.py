@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import swap as swap_mod
 from bench.schemes import Scheme, slice_path, toml_dumps
+from bench.sysfs import read as _read
 
 LABEL = "bench"
 CONFIG = "/etc/execgate/config.toml"
@@ -58,14 +60,6 @@ def _run(argv: Sequence[str], timeout: float = 120) -> subprocess.CompletedProce
         return subprocess.CompletedProcess(list(argv), 127, "", str(e))
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _write(path: str, value: str) -> bool:
     try:
         with open(path, "w") as f:
@@ -97,6 +91,9 @@ class Host:
         self.daemon_was_active: bool | None = None
         self.anchor: str | None = None
         self.restored = False
+        self.swap_limit = "0"  # the slice's memory.swap.max for the current run
+        self.host_swap: swap_mod.HostSwap | None = None
+        self.events_proc: subprocess.Popen[bytes] | None = None
 
     # -- checks --------------------------------------------------------------------------------
 
@@ -215,11 +212,98 @@ class Host:
     def set_budget(self, budget: int) -> None:
         if not _write(os.path.join(self.cgroup, "memory.max"), str(budget)):
             raise BenchError(f"cannot write {self.cgroup}/memory.max")
-        # No swap: pages beyond the budget are an OOM kill, as in the published measurements.
-        _write(os.path.join(self.cgroup, "memory.swap.max"), "0")
+        # Without swap, pages beyond the budget are an OOM kill, as in the published
+        # measurements; with it ("max"), they go to compressed swap first.
+        if not _write(os.path.join(self.cgroup, "memory.swap.max"), self.swap_limit):
+            raise BenchError(f"cannot write {self.cgroup}/memory.swap.max")
 
     def budget_ok(self, budget: int) -> bool:
-        return _read(os.path.join(self.cgroup, "memory.max")) == str(budget)
+        return (_read(os.path.join(self.cgroup, "memory.max")) == str(budget)
+                and _read(os.path.join(self.cgroup, "memory.swap.max")) == self.swap_limit)
+
+    def swap_current(self) -> int | None:
+        v = _read(os.path.join(self.cgroup, "memory.swap.current"))
+        return int(v) if v and v.isdigit() else None
+
+    # -- swap --------------------------------------------------------------------------------
+
+    def setup_swap(self, size_bytes: int, algorithm: str) -> dict[str, Any]:
+        """Swap for the points that have it: the host's own, or a zram device made here."""
+        try:
+            self.host_swap = swap_mod.ensure(size_bytes, algorithm)
+        except OSError as e:
+            raise BenchError(f"cannot set up compressed swap: {e}") from e
+        d = self.host_swap.describe()
+        self.log(f"swap: {', '.join(x['device'] for x in d['devices'])} "
+                 f"({d['algorithm'] or 'not zram'}; "
+                 f"{'made by the benchmark' if d['made'] else 'the host own'})")
+        return d
+
+    def swap_stats(self) -> dict[str, int] | None:
+        return self.host_swap.stats() if self.host_swap else None
+
+    # -- what the daemon and the kernel said ---------------------------------------------------
+
+    def start_events(self, path: str) -> None:
+        """`execgatectl events` into `path` while a daemon scheme runs (best effort)."""
+        try:
+            with open(path, "wb") as out:
+                self.events_proc = subprocess.Popen(["execgatectl", "events"], stdout=out,
+                                                    stderr=subprocess.DEVNULL)
+        except OSError as e:
+            self.log(f"warning: execgatectl events: {e}")
+            self.events_proc = None
+
+    def stop_events(self) -> None:
+        p, self.events_proc = self.events_proc, None
+        if p is not None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def kernel_log(self) -> list[tuple[int, str]]:
+        """The kernel's log records still in its buffer: (sequence number, message)."""
+        try:
+            fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return []
+        out: list[tuple[int, str]] = []
+        try:
+            while True:
+                try:
+                    rec = os.read(fd, 8192).decode(errors="replace")
+                except BlockingIOError:
+                    break
+                except BrokenPipeError:  # records overwritten while reading: go on
+                    continue
+                except OSError:
+                    break
+                head, _, msg = rec.partition(";")
+                fields = head.split(",")
+                if len(fields) >= 2 and fields[1].isdigit():
+                    out.append((int(fields[1]), msg.split("\n", 1)[0]))
+        finally:
+            os.close(fd)
+        return out
+
+    def init_pid(self, cid: str) -> int | None:
+        """The sandbox's init, as the kernel names it (its OOM kills say which pid died): the
+        first process of the container's cgroup, or of a leaf below it (execgate's init/)."""
+        scope = os.path.join(self.cgroup, f"docker-{cid}.scope")
+        dirs = [scope]
+        try:
+            dirs += sorted(e.path for e in os.scandir(scope)
+                           if e.is_dir() and not e.name.startswith("tool-"))
+        except OSError:
+            return None
+        for d in dirs:
+            pids = (_read(os.path.join(d, "cgroup.procs")) or "").split()
+            if pids and pids[0].isdigit():
+                return int(pids[0])
+        return None
 
     def memory_current(self) -> int | None:
         v = _read(os.path.join(self.cgroup, "memory.current"))
@@ -235,7 +319,10 @@ class Host:
         if self.restored:
             return
         self.restored = True
+        self.stop_events()
         self.cleanup_containers()
+        if self.host_swap is not None:
+            swap_mod.remove(self.host_swap)
         if self.original_config is not None:
             tmp = self.config_path + ".bench-tmp"
             with open(tmp, "wb") as f:

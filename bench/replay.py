@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from bench.host import CONFIG, BenchError
 from bench.schemes import ARRIVALS, DEFAULT_SCHEMES, DEFAULT_STATIC_K, parse_schemes
-from bench.sweep import build_points, execute, int_list, print_plan, workload_of
+from bench.sweep import SWAP_MODES, build_points, execute, int_list, print_plan, workload_of
 
 # The demo: a burst of five sandboxes into a 384 MiB slice. Five generated tasks (seed 13), memory
 # /6, each cut to its three heaviest tool calls with the think time between them shrunk 20x, then
@@ -42,6 +42,12 @@ from bench.sweep import build_points, execute, int_list, print_plan, workload_of
 DEMO = {"tasks": 5, "seed": 13, "speed": 2.0, "mem_scale": 6.0, "cpu_scale": 0.0,
         "fold_mib": 0.0, "max_calls": 3, "idle_scale": 0.05, "budget": "384m",
         "arrival": "burst", "mean_gap": 0.0, "schemes": "eager,execgate", "admission_wait": 300.0}
+
+# Named workloads: defaults for the options they name (an option given on the command line
+# wins). burst: TenonAgent's regime, every task arriving within 10 trace seconds, each cut to its
+# three heaviest calls with every LLM wait kept, compressed by --speed like the calls.
+WORKLOADS = {"burst": {"arrival": "burst", "burst_window": 10.0, "keep_waits": True,
+                       "max_calls": 3}}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,9 +75,21 @@ def _parser() -> argparse.ArgumentParser:
                        help="keep only each task's N heaviest calls (0: all)")
         g.add_argument("--idle-scale", type=float, default=d.get("idle_scale", 1.0),
                        help="multiply idle time (LLM waits, folded calls) by this")
+        g.add_argument("--keep-waits", action="store_true",
+                       help="keep the LLM waits: compressed by --speed like the calls, never "
+                            "scaled by --idle-scale (which must then be 1)")
+        g.add_argument("--workload", choices=sorted(WORKLOADS),
+                       help="a named workload: burst = --arrival burst --burst-window 10 "
+                            "--keep-waits --max-calls 3 (options given here win)")
         g.add_argument("--arrival", choices=ARRIVALS, default=d.get("arrival", "poisson"))
         g.add_argument("--mean-gap", type=float, default=d.get("mean_gap", 30.0),
                        help="mean gap between arrivals, trace seconds (default %(default)s)")
+        g.add_argument("--burst-window", type=float, default=d.get("burst_window", 0.0),
+                       help="burst arrivals spread (seeded uniform) over this many trace "
+                            "seconds (default %(default)s: all at once)")
+        g.add_argument("--fill-ratio", type=float, default=3.0,
+                       help="zstd ratio of the memory sandboxes and calls hold (default "
+                            "%(default)s; real process memory 2.5-3.5; 0: nearly empty pages)")
         g.add_argument("--budget", default=d.get("budget", "768m"),
                        help="memory budget = the slice's memory.max (default %(default)s)")
         s = p.add_argument_group("schemes and host")
@@ -83,6 +101,13 @@ def _parser() -> argparse.ArgumentParser:
                             "configured)")
         s.add_argument("--no-scale-daemon", action="store_true",
                        help="don't divide execgated's byte tunables by --mem-scale")
+        s.add_argument("--swap", choices=sorted(SWAP_MODES), default="off",
+                       help="every scheme of a point with swap on, or off; both: each load "
+                            "twice (default %(default)s)")
+        s.add_argument("--zram-size", default="2g",
+                       help="the zram swap device made when the host has no swap (default "
+                            "%(default)s; the host's own swap is used as it is)")
+        s.add_argument("--zram-algorithm", default="zstd")
         s.add_argument("--slice", default="egbench.slice")
         s.add_argument("--image", default=os.environ.get("EXECGATE_BENCH_IMAGE",
                                                          "execgate-test:latest"))
@@ -113,9 +138,26 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _apply_workload(ap: argparse.ArgumentParser, args: argparse.Namespace,
+                    argv: Sequence[str]) -> None:
+    """--workload's defaults for the options not given, then --keep-waits."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    for key, value in WORKLOADS.get(args.workload or "", {}).items():
+        if "--" + key.replace("_", "-") not in given:
+            setattr(args, key, value)
+    if args.keep_waits:
+        if args.idle_scale != 1.0:
+            raise ValueError("--keep-waits keeps the LLM waits: --idle-scale must be 1")
+        args.idle_scale = 1.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    try:
+        _apply_workload(ap, args, sys.argv[1:] if argv is None else list(argv))
+    except ValueError as e:
+        ap.error(str(e))
     dry = args.command == "plan" or args.dry_run
     if not dry and not args.out:
         ap.error("--out is required")

@@ -9,7 +9,6 @@ daemon, slice) and adds what the kernel and execgate's journal saw.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -19,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench import decisions, kills
+from bench import swap as swap_mod
 from bench.host import LABEL, Host, Log, oom_kill_count
 from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
 from bench.schemes import (
@@ -35,6 +36,16 @@ from bench.schemes import (
 from bench.trace import LlmWait, Task, ToolCall, profiled_peak
 
 OOM_EXIT = 137
+TAG = "[execgate]"  # the runtime's and daemon's lines on a call's stderr (calls.feedback.TAG)
+
+
+def keep_stderr(text: str, tail: int = 200) -> str:
+    """A failed call's stderr for the results: every `[execgate]` line whole (the daemon's word
+    on why it waited or died), then the last `tail` characters of the rest."""
+    lines = text.strip().splitlines()
+    ours = [ln for ln in lines if TAG in ln]
+    rest = "\n".join(ln for ln in lines if TAG not in ln)[-tail:]
+    return "\n".join([*ours, rest] if rest else ours)
 
 
 @dataclass
@@ -64,8 +75,9 @@ class Replayer:
 
     def __init__(self, host: Host, scheme: Scheme, tasks: Sequence[Task],
                  arrivals_wall: Sequence[float], budget: int, settings: RunSettings,
-                 log: Log) -> None:
+                 log: Log, fill_ratio: float | None = None) -> None:
         self.host = host
+        self.fill_ratio = fill_ratio
         self.scheme = scheme
         self.budget = budget
         self.settings = settings
@@ -76,6 +88,7 @@ class Replayer:
         self.cond = threading.Condition()
         self.abort = threading.Event()
         self.t0 = 0.0
+        self.t0_epoch = 0.0  # time.time() at t0: the journal's and events' clock
         self.running = 0
         self.inflight = 0
         self.queued = 0
@@ -84,6 +97,7 @@ class Replayer:
         self.notes: list[str] = []
         self.containers: list[str] = []
         self.unmanaged: dict[str, str] = {}  # execgate sandboxes left as plain runc, and why
+        self.boxes: dict[str, dict[str, Any]] = {}  # container -> task, attempt, init_pid
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -99,7 +113,8 @@ class Replayer:
             cur = self.host.memory_current()
             t = self.now()
             if cur is not None:
-                self.samples.append((round(t, 3), cur, self.running, self.inflight, self.queued))
+                self.samples.append((round(t, 3), cur, self.running, self.inflight, self.queued,
+                                     self.host.swap_current() or 0))
             if t - last_check > 1.0:  # systemd may re-apply the slice's properties
                 last_check = t
                 if not self.host.budget_ok(self.budget):
@@ -110,15 +125,17 @@ class Replayer:
 
     # -- tasks -------------------------------------------------------------------------------------
 
-    def _sandbox(self, task: Task) -> tuple[str | None, str]:
+    def _sandbox(self, task: Task, attempt: int) -> tuple[str | None, str]:
         p = self.host.docker(
             "run", "-d", "--runtime", self.scheme.runtime, "--cgroup-parent", self.host.slice,
             "--label", f"{LABEL}={self.scheme.name}", "--shm-size", str(max(self.budget, 64 * MiB)),
-            self.host.image, *sandbox_command(task), timeout=300)
+            self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio), timeout=300)
         cid = p.stdout.strip()
         if cid:
             with self.cond:
                 self.containers.append(cid)
+                self.boxes[cid] = {"task": task.id, "attempt": attempt,
+                                   "init_pid": self.host.init_pid(cid)}
         if p.returncode or not cid:
             if cid:
                 self.host.docker("rm", "-f", cid)
@@ -140,7 +157,7 @@ class Replayer:
         return p.returncode == 0 and p.stdout.split() == ["false", "true"]
 
     def _call(self, cid: str, st: _TaskState, attempt: int, idx: int, call: ToolCall) -> int:
-        argv = exec_argv(cid, call, self.scheme.hints)
+        argv = exec_argv(cid, call, self.scheme.hints, fill_ratio=self.fill_ratio)
         with self.cond:
             self.inflight += 1
         start = self.now()
@@ -149,11 +166,12 @@ class Replayer:
         with self.cond:
             self.inflight -= 1
             self.calls.append({
-                "task": st.task.id, "attempt": attempt, "call": idx, "start": round(start, 3),
+                "task": st.task.id, "attempt": attempt, "call": idx, "container": cid,
+                "start": round(start, 3),
                 "end": round(end, 3), "duration_s": call.duration_s, "exit": p.returncode,
                 "peak_bytes": call.memory.peak_bytes, "category": call.category,
                 "hint": hint_for(call) if self.scheme.hints else None,
-                "stderr": p.stderr.strip()[-200:] if p.returncode else "",
+                "stderr": keep_stderr(p.stderr) if p.returncode else "",
             })
         return p.returncode
 
@@ -161,10 +179,13 @@ class Replayer:
         task = st.task
         start = self.now()
         n_calls = len(task.tool_calls)
-        cid, err = self._sandbox(task)
+        cid, err = self._sandbox(task, n)
         rec: dict[str, Any] = {"task_id": task.id, "attempt": n, "start": round(start, 3),
                                "ok": False, "oom_kills": 0, "calls_done": 0,
-                               "calls_total": n_calls, "reason": "", "exit": None}
+                               "calls_total": n_calls, "reason": "", "exit": None,
+                               "container": cid,
+                               # docker run's time: a sandbox admission's hold shows here
+                               "sandbox_start_s": round(self.now() - start, 3)}
         if cid is None:
             rec.update(end=round(self.now(), 3), reason="sandbox", detail=err)
             return rec
@@ -232,6 +253,7 @@ class Replayer:
         threads: list[threading.Thread] = []
         stop = threading.Event()
         self.t0 = time.monotonic()
+        self.t0_epoch = time.time()
         sampler = threading.Thread(target=self._sampler, args=(stop,), daemon=True)
         sampler.start()
         try:
@@ -313,7 +335,9 @@ class Replayer:
             "attempts": [a for st in self.states.values() for a in st.attempts],
             "calls": sorted(self.calls, key=lambda c: c["start"]),
             "samples": {"columns": ["t", "memory_bytes", "running_tasks", "inflight_calls",
-                                    "queued_tasks"], "rows": self.samples},
+                                    "queued_tasks", "swap_bytes"], "rows": self.samples},
+            "sandboxes": self.boxes,
+            "t0_epoch": self.t0_epoch,
             "notes": self.notes,
         }
 
@@ -323,34 +347,6 @@ def _record(a: dict[str, Any]) -> AttemptRecord:
                          a["ok"], a["oom_kills"])
 
 
-def _journal_stats(path: str, offset: int, containers: set[str]) -> dict[str, Any]:
-    """Admission waits and OOM kills of this run's calls, from execgate's journal."""
-    waits: list[float] = []
-    entries = managed = oom = 0
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if e.get("container") not in containers:
-                    continue
-                entries += 1
-                managed += bool(e.get("managed"))
-                oom += bool(e.get("oom_killed"))
-                if isinstance(e.get("waited_s"), int | float):
-                    waits.append(float(e["waited_s"]))
-    except OSError:
-        return {}
-    return {"journal_calls": entries, "journal_calls_admitted": managed,
-            "journal_oom_killed": oom,
-            "admission_wait_p50_s": percentile(waits, 50),
-            "admission_wait_p95_s": percentile(waits, 95),
-            "admission_wait_max_s": max(waits, default=math.nan)}
-
-
 def _journal_path(cfg: dict[str, Any]) -> str:
     j = cfg.get("journal")
     return j if isinstance(j, str) and j else "/var/lib/execgate/calls.jsonl"
@@ -358,17 +354,21 @@ def _journal_path(cfg: dict[str, Any]) -> str:
 
 def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall: Sequence[float],
                budget: int, workload: Workload, settings: RunSettings, log: Log,
-               abort: threading.Event) -> dict[str, Any]:
-    """Set the host up for `scheme`, replay, tear down; returns the run's raw record."""
+               abort: threading.Event, swap: bool = False,
+               events_path: str | None = None) -> dict[str, Any]:
+    """Set the host up for `scheme`, replay, tear down; returns the run's raw record. `swap`:
+    whether the sandboxes may swap (the slice's memory.swap.max); `events_path`: where the
+    daemon's event stream is kept while it runs."""
     original = host.original_toml()
     host.cleanup_containers()
     cfg = bench_config(original, scheme, domain=host.cgroup, mem_scale=workload.mem_scale,
                        admission_wait_s=settings.admission_wait_s,
-                       scale_daemon=settings.scale_daemon)
+                       scale_daemon=settings.scale_daemon, swap=swap)
     uses_execgate = scheme.runtime == "execgate" or scheme.daemon
     if uses_execgate:
         host.write_config(cfg)
     t_setup = time.monotonic()
+    host.swap_limit = swap_mod.slice_limit(swap)
     host.open_slice(budget)
     try:
         # The daemon runs only for the schemes that have it (no stray CPU for the others).
@@ -379,13 +379,37 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         except OSError:
             offset = 0
         oom_before = oom_kill_count(host.cgroup)
+        klog = host.kernel_log()
+        kseq = klog[-1][0] if klog else -1
+        zram_before = host.swap_stats()
+        if scheme.daemon and events_path:
+            host.start_events(events_path)
         log(f"== {scheme.name}: {scheme.description}; budget {budget / MiB:.0f} MiB, "
-            f"{len(tasks)} tasks (setup {time.monotonic() - t_setup:.0f}s)")
-        rep = Replayer(host, scheme, tasks, arrivals_wall, budget, settings, log)
+            f"swap {'on' if swap else 'off'}, {len(tasks)} tasks "
+            f"(setup {time.monotonic() - t_setup:.0f}s)")
+        rep = Replayer(host, scheme, tasks, arrivals_wall, budget, settings, log,
+                       fill_ratio=workload.fill_ratio)
         rep.abort = abort
-        result = rep.run()
+        try:
+            result = rep.run()
+        finally:
+            host.stop_events()
+        result["swap"] = {"on": swap, "slice_swap_max": host.swap_limit,
+                          "zram_before": zram_before, "zram_after": host.swap_stats(),
+                          "swap_peak_bytes": max((r[5] for r in rep.samples), default=0)}
         result["metrics"]["kernel_oom_kills"] = oom_kill_count(host.cgroup) - oom_before
-        result["metrics"].update(_journal_stats(journal, offset, set(rep.containers)))
+        boxes = set(rep.containers)
+        entries = decisions.of_containers(decisions.read_lines(journal, offset), boxes)
+        events = decisions.of_containers(decisions.read_lines(events_path), boxes,
+                                         {str(e.get("call")) for e in entries}) \
+            if scheme.daemon and events_path else []
+        result["metrics"].update(decisions.journal_stats(entries) if entries else {})
+        by_id = decisions.annotate_calls(result["calls"], entries, events, rep.t0_epoch)
+        result["daemon_events"] = events
+        result["kills"] = _attribute_kills(
+            kills.parse_kills(r for r in host.kernel_log() if r[0] > kseq), rep, by_id)
+        result["metrics"]["kills_init"] = sum(k["victim"] == "init" for k in result["kills"])
+        result["metrics"]["kills_call"] = sum(k["victim"] == "call" for k in result["kills"])
         result["daemon_domain"] = domain
         result["config"] = cfg if uses_execgate else None
     finally:
@@ -393,8 +417,26 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
     m = result["metrics"]
     log(f"== {scheme.name}: {m['tasks_completed']}/{m['tasks_total']} tasks, makespan "
         f"{m['makespan_s']:.1f}s ({m['makespan_trace_s']:.0f}s trace), P50 "
-        f"{m['latency_arrival_p50_s']:.1f}s, OOM kills {m['oom_kills']}, failed attempts "
+        f"{m['latency_arrival_p50_s']:.1f}s, OOM kills {m['oom_kills']} (kernel: "
+        f"{m['kills_init']} inits, {m['kills_call']} calls), failed attempts "
         f"{m['failed_attempts']}/{m['attempts']}, peak mem {m['mem_peak_util']:.0%}"
+        + (f", swap peak {result['swap']['swap_peak_bytes'] / MiB:.0f} MiB" if swap else "")
         + (f"; WARNING: {m['sandboxes_unmanaged']} sandboxes unmanaged"
            if m.get("sandboxes_unmanaged") else ""))
     return result
+
+
+def _attribute_kills(found: list[dict[str, Any]], rep: Replayer,
+                     by_id: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each kernel OOM kill with its task, attempt and call; a call killed under runc (in the
+    sandbox's own cgroup) is the one of its attempt that exited 137."""
+    out = []
+    for k in found:
+        a = kills.attribute(k, rep.boxes, by_id)
+        if a["victim"] == "call" and a.get("call") is None and a.get("container"):
+            died = [c for c in rep.calls if c["container"] == a["container"]
+                    and c["exit"] == OOM_EXIT]
+            if died:
+                a["call"] = died[-1]["call"]
+        out.append(a)
+    return out

@@ -60,6 +60,11 @@ class Scheme:
     daemon_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     family: str = ""  # the base scheme's name ("static" for static-4); the report groups by it
     description: str = ""
+    # Swap: a point runs every scheme with swap on, or every one with it off (sweep --swap).
+    # needs_swap: runs only at swap-on points (eager+swap); uses_swap=False: the ablation that
+    # keeps its sandboxes out of the swap the point has (execgate-noswap).
+    needs_swap: bool = False
+    uses_swap: bool = True
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
@@ -76,9 +81,22 @@ class Scheme:
         d["daemon_tables"] = {k: dict(v) for k, v in self.daemon_tables.items()}
         return d
 
+    def swap_at(self, point_swap: bool) -> bool | None:
+        """Whether this scheme's sandboxes may swap at a point with swap on/off; None: the
+        scheme does not run there (eager+swap without swap, -noswap where nothing swaps)."""
+        if self.needs_swap and not point_swap:
+            return None
+        if not self.uses_swap and not point_swap:
+            return None  # the same run as its base scheme
+        return point_swap and self.uses_swap
+
 
 EAGER = Scheme("eager", "runc", daemon=False, hints=False,
                description="runc, no control: tasks start on arrival, calls run at once")
+# What a careful operator could set up alone: compressed swap under plain runc, no policy. At a
+# swap-on point plain eager is this same run (the sweep runs it once, as eager+swap).
+EAGER_SWAP = replace(EAGER, name="eager+swap", family="eager+swap", needs_swap=True,
+                     description="runc, no control, compressed swap (zram, zstd) on")
 STATIC = Scheme("static", "runc", daemon=False, hints=False, gate="static", k=1,
                 description="runc, at most K tasks (sandboxes) at a time, FIFO")
 RESERVE = Scheme("reserve", "runc", daemon=False, hints=False, gate="reserve",
@@ -102,14 +120,50 @@ NO_RESIDENCY = replace(EXECGATE, name="execgate-noresidency", family="execgate-n
                        daemon_tables={"residency": {"enabled": False}},
                        description="ablation: execgated admitting calls, idle sandboxes left "
                                    "resident (no reclaim, no freeze)")
-_ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION, NO_GROWTH, NO_RESIDENCY)
+# [sandboxes] admission: the runtime's create asks the daemon before a sandbox starts.
+NO_SANDBOX_ADMISSION = replace(EXECGATE, name="execgate-nosandboxadmit",
+                               family="execgate-nosandboxadmit",
+                               daemon_tables={"sandboxes": {"admission": False}},
+                               description="ablation: execgated admitting calls, sandboxes "
+                                           "start on arrival (no sandbox admission)")
+# [residency] swap_max = 0 on the sandboxes, and the slice's memory.swap.max = 0: idle memory
+# has nowhere to go though the point has swap.
+NO_SWAP = replace(EXECGATE, name="execgate-noswap", family="execgate-noswap", uses_swap=False,
+                  daemon_tables={"residency": {"swap_max": 0}},
+                  description="ablation: execgated, its sandboxes kept out of swap "
+                              "(memory.swap.max = 0) at a swap-on point")
+_ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION, NO_GROWTH, NO_RESIDENCY, NO_SANDBOX_ADMISSION,
+                                  NO_SWAP)
 
 SCHEMES: dict[str, Scheme] = {
-    s.name: s for s in (EAGER, STATIC, RESERVE, AGENTCGROUP, EXECGATE, *_ABLATIONS)
+    s.name: s for s in (EAGER, EAGER_SWAP, STATIC, RESERVE, AGENTCGROUP, EXECGATE, *_ABLATIONS)
 }
-DEFAULT_SCHEMES = ("eager,static,reserve,agentcgroup,execgate,execgate-noadmit,"
-                   "execgate-nogrowth,execgate-noresidency")
+DEFAULT_SCHEMES = ("eager,eager+swap,static,reserve,agentcgroup,execgate,execgate-noadmit,"
+                   "execgate-nogrowth,execgate-noresidency,execgate-nosandboxadmit,"
+                   "execgate-noswap")
+# At a swap-on point these are the same run as the scheme named (it runs once, under that name).
+_SAME_WITH_SWAP = {"eager": "eager+swap"}
 DEFAULT_STATIC_K = (1, 2, 4, 8)
+
+
+def schemes_at(schemes: Sequence[Scheme], swap: bool,
+               ) -> tuple[list[tuple[Scheme, bool]], list[str]]:
+    """The schemes a point with swap on/off runs, each with whether its sandboxes may swap,
+    and why the others do not run there."""
+    names = {s.name for s in schemes}
+    runs: list[tuple[Scheme, bool]] = []
+    skipped: list[str] = []
+    for s in schemes:
+        sw = s.swap_at(swap)
+        if sw is None:
+            skipped.append(f"{s.name}: needs a point with swap on" if s.needs_swap else
+                           f"{s.name}: the same run as {s.family.removesuffix('-noswap')} "
+                           "without swap")
+        elif swap and _SAME_WITH_SWAP.get(s.name) in names:
+            skipped.append(f"{s.name}: the same run as {_SAME_WITH_SWAP[s.name]} with swap on")
+        else:
+            runs.append((s, sw))
+    return runs, skipped
 
 
 def static_scheme(k: int) -> Scheme:
@@ -247,6 +301,7 @@ class Workload:
     fold_bytes: int = 0  # calls with a (scaled) peak below this become idle time
     max_calls: int | None = None  # keep only the N heaviest calls of each task
     idle_scale: float = 1.0  # idle time (LLM waits, folded calls) multiplied by this
+    fill_ratio: float = 3.0  # zstd ratio of the pages memload writes (0: one byte per page)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -273,16 +328,21 @@ ARRIVALS = ("burst", "staggered", "poisson")
 
 
 def arrival_schedule(n: int, seed: int | str, kind: str = "poisson",
-                     mean_gap_s: float = 30.0) -> list[float]:
+                     mean_gap_s: float = 30.0, window_s: float = 0.0) -> list[float]:
     """Arrival offsets in trace seconds (first at 0), a pure function of its arguments, so every
-    scheme of a run sees the same schedule. burst: all at 0; staggered: every mean_gap_s;
-    poisson: exponential gaps of mean mean_gap_s."""
+    scheme of a run sees the same schedule. burst: all within window_s (seeded uniform, sorted;
+    0: all at once); staggered: every mean_gap_s; poisson: exponential gaps of mean mean_gap_s."""
     if n < 0:
         raise ValueError("n must be >= 0")
     if kind not in ARRIVALS:
         raise ValueError(f"arrival kind must be one of {', '.join(ARRIVALS)} (got {kind!r})")
     if not (math.isfinite(mean_gap_s) and mean_gap_s >= 0):
         raise ValueError("mean_gap_s must be a finite number >= 0")
+    if not (math.isfinite(window_s) and window_s >= 0):
+        raise ValueError("window_s must be a finite number >= 0")
+    if kind == "burst" and window_s > 0 and n > 1:
+        rng = random.Random(f"burst:{seed}")
+        return [0.0, *sorted(round(rng.uniform(0, window_s), 6) for _ in range(n - 1))]
     if kind == "burst" or n == 0:
         return [0.0] * n
     if kind == "staggered":
@@ -479,10 +539,13 @@ def bench_config(original: Mapping[str, Any], scheme: Scheme, *, domain: str,
                  mem_scale: float = 1.0, admission_wait_s: float | None = None,
                  scale_daemon: bool = True,
                  defaults: Mapping[str, Mapping[str, int | float]] | None = None,
+                 swap: bool | None = None,
                  ) -> dict[str, Any]:
     """The config.toml contents (as a dict) for running `scheme`: the original, plus the
     AgentCgroup switch (always written: a host left in that mode must not taint other schemes),
-    plus, when the daemon runs, the slice as its domain and the scaled/ablation tables."""
+    plus, when the daemon runs, the slice as its domain and the scaled/ablation tables; at a
+    point without swap (`swap` False), `[residency] swap_max = 0`, so the daemon does not count
+    on swap the slice does not allow."""
     cfg: dict[str, Any] = json.loads(json.dumps(original))  # deep copy of plain TOML data
     cfg["memory_high_from_hint"] = scheme.memory_high_from_hint
     if not scheme.daemon:
@@ -492,6 +555,8 @@ def bench_config(original: Mapping[str, Any], scheme: Scheme, *, domain: str,
         tables.append(scaled_daemon_tables(original, mem_scale, defaults))
     if admission_wait_s is not None:
         tables.append({"admission": {"max_admission_wait_s": float(admission_wait_s)}})
+    if swap is False:
+        tables.append({"residency": {"swap_max": 0}})
     tables.append(scheme.daemon_tables)
     for t in tables:
         for name, values in t.items():
@@ -538,17 +603,21 @@ def slice_path(slice_name: str, root: str = "/sys/fs/cgroup") -> str:
     return "/".join([root.rstrip("/"), *chain])
 
 
-def sandbox_command(task: Task, binary: str = "memload") -> list[str]:
+def sandbox_command(task: Task, binary: str = "memload",
+                    fill_ratio: float | None = None) -> list[str]:
     """The sandbox's init: it holds the agent framework's resident memory (task.baseline_bytes)
-    for the task's lifetime, as the real framework would inside the container."""
+    for the task's lifetime, as the real framework would inside the container, filled with data
+    of `fill_ratio` compressibility (None: memload's default)."""
     if task.baseline_bytes <= 0:
         return ["sleep", "inf"]
     mib = f"{task.baseline_bytes / MiB:.3f}"
+    fill = ["--fill-ratio", f"{fill_ratio:g}"] if fill_ratio is not None else []
     return [binary, "--baseline-mib", mib, "--peak-mib", mib, "--shape", "plateau",
-            "--peak-at", "1", "--duration", "10000000", "--tick-ms", "1000"]
+            "--peak-at", "1", "--duration", "10000000", "--tick-ms", "1000", *fill]
 
 
-def exec_argv(container: str, call: ToolCall, hints: bool, binary: str = "memload") -> list[str]:
+def exec_argv(container: str, call: ToolCall, hints: bool, binary: str = "memload",
+              fill_ratio: float | None = None) -> list[str]:
     """`docker exec` of one tool call, exactly as an agent framework would issue it."""
     env = ["-e", f"AGENT_RESOURCE_HINT={hint_for(call)}"] if hints else []
-    return ["docker", "exec", *env, container, *memload_argv(call, binary)]
+    return ["docker", "exec", *env, container, *memload_argv(call, binary, fill_ratio)]

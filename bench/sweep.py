@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from bench.schemes import (
     oversubscription,
     parse_schemes,
     prepare,
+    schemes_at,
 )
 from bench.trace import Task, load_tasks, profiled_peak, save_tasks
 from execgate.common.hints import parse_size
@@ -54,9 +55,11 @@ class Point:
     tasks: tuple[Task, ...]
     budget: int
     arrivals_trace: tuple[float, ...]
+    swap: bool = False  # every scheme of the point runs with swap on, or every one without
 
     def describe(self, speed: float) -> dict[str, Any]:
         return {"label": self.label, "n_tasks": len(self.tasks), "budget_bytes": self.budget,
+                "swap": "on" if self.swap else "off",
                 "oversubscription": oversubscription(self.tasks, self.budget),
                 "arrivals_trace_s": list(self.arrivals_trace),
                 "arrivals_wall_s": [a / speed for a in self.arrivals_trace],
@@ -73,11 +76,14 @@ def int_list(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
 
+SWAP_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
 def workload_of(args: argparse.Namespace) -> Workload:
     """The replay transforms the command line asks for."""
     return Workload(speed=args.speed, mem_scale=args.mem_scale, cpu_scale=args.cpu_scale,
                     fold_bytes=int(args.fold_mib * MiB), max_calls=args.max_calls or None,
-                    idle_scale=args.idle_scale)
+                    idle_scale=args.idle_scale, fill_ratio=args.fill_ratio)
 
 
 def _source_tasks(args: argparse.Namespace, n: int) -> list[Task]:
@@ -97,7 +103,8 @@ def build_points(args: argparse.Namespace) -> list[Point]:
     points: list[Point] = []
     for n in counts:
         tasks = tuple(prepare(_source_tasks(args, n), w))
-        arrivals = tuple(arrival_schedule(n, seed, args.arrival, args.mean_gap))
+        arrivals = tuple(arrival_schedule(n, seed, args.arrival, args.mean_gap,
+                                          args.burst_window))
         biggest = max((profiled_peak(t) for t in tasks), default=MiB)
         if getattr(args, "oversub", None):
             for ratio in float_list(args.oversub):
@@ -112,7 +119,10 @@ def build_points(args: argparse.Namespace) -> list[Point]:
                 args, "budgets", None) else [parse_size(args.budget)]
             for b in budgets:
                 points.append(Point(f"{n} tasks, {b / MiB:.0f} MiB", tasks, b, arrivals))
-    return sorted(points, key=lambda p: oversubscription(p.tasks, p.budget))
+    swaps = SWAP_MODES[args.swap]
+    points = [replace(p, label=f"{p.label}, swap {'on' if sw else 'off'}", swap=sw)
+              if len(swaps) > 1 else replace(p, swap=sw) for p in points for sw in swaps]
+    return sorted(points, key=lambda p: (oversubscription(p.tasks, p.budget), p.swap))
 
 
 def print_plan(points: Sequence[Point], schemes: Sequence[Scheme], w: Workload) -> None:
@@ -120,14 +130,23 @@ def print_plan(points: Sequence[Point], schemes: Sequence[Scheme], w: Workload) 
     print(f"schemes: {', '.join(s.name for s in schemes)}")
     print(f"workload: speed {w.speed:g}x, memory /{w.mem_scale:g}, cpu x{w.cpu_scale:g}, "
           f"fold < {w.fold_bytes / MiB:g} MiB, max calls {w.max_calls or 'all'}, "
-          f"idle x{w.idle_scale:g}")
+          f"idle x{w.idle_scale:g}"
+          + (" (LLM waits kept: compressed like the calls)" if w.idle_scale == 1 else "")
+          + (f", pages zstd {w.fill_ratio:g}:1" if w.fill_ratio else ", pages nearly empty"))
     for p in points:
         wall = [a / w.speed for a in p.arrivals_trace]
         est = eager_peak_estimate(p.tasks, wall)
         calls = sum(len(t.tool_calls) for t in p.tasks)
+        idle = sum(t.duration_s - sum(c.duration_s for c in t.tool_calls) for t in p.tasks)
+        total = sum(t.duration_s for t in p.tasks) or 1.0
         print(f"\n{p.label}: budget {p.budget / MiB:.0f} MiB, oversubscription "
-              f"{oversubscription(p.tasks, p.budget):.2f}x, {calls} tool calls, eager would "
-              f"peak at {est / MiB:.0f} MiB ({est / p.budget:.0%} of the budget, no overheads)")
+              f"{oversubscription(p.tasks, p.budget):.2f}x, swap {'on' if p.swap else 'off'}, "
+              f"{calls} tool calls, idle (LLM waits, folded calls) {idle / total:.0%} of task "
+              f"time, arrivals over {max(wall, default=0):.1f}s, eager would peak at "
+              f"{est / MiB:.0f} MiB ({est / p.budget:.0%} of the budget, no overheads)")
+        runs, skipped = schemes_at(schemes, p.swap)
+        print(f"  runs {', '.join(sc.name for sc, _ in runs) or 'nothing'}"
+              + (f"; not here: {'; '.join(skipped)}" if skipped else ""))
         for t, a in zip(p.tasks, wall, strict=True):
             print(f"  {t.id}  arrives {a:6.1f}s  {t.duration_s:6.1f}s  {len(t.tool_calls):3d} calls"
                   f"  peak {profiled_peak(t) / MiB:6.1f} MiB  baseline "
@@ -152,7 +171,10 @@ def execute(args: argparse.Namespace, points: Sequence[Point], command: str) -> 
         "host": {"kernel": platform.release(), "cpus": os.cpu_count(),
                  "python": platform.python_version()},
         "params": {"seed": args.seed, "trace": args.trace, "arrival": args.arrival,
-                   "mean_gap_trace_s": args.mean_gap, "slice": args.slice, "image": args.image,
+                   "mean_gap_trace_s": args.mean_gap, "burst_window_trace_s": args.burst_window,
+                   "workload_name": args.workload, "swap": args.swap,
+                   "zram_size_bytes": parse_size(args.zram_size),
+                   "slice": args.slice, "image": args.image,
                    "schemes": [s.name for s in schemes], "retry_limit": RETRY_LIMIT,
                    "workload": w.to_dict(), "settings": settings.__dict__.copy()},
         "points": [p.describe(w.speed) for p in points],
@@ -169,18 +191,28 @@ def execute(args: argparse.Namespace, points: Sequence[Point], command: str) -> 
     t_start = time.monotonic()
     only = set(int_list(args.points)) if getattr(args, "points", None) else None
     try:
+        if any(p.swap for i, p in enumerate(points) if only is None or i + 1 in only):
+            results["host"]["swap"] = host.setup_swap(parse_size(args.zram_size),
+                                                      args.zram_algorithm)
         for i, p in enumerate(points):
             if only is not None and i + 1 not in only:
                 continue
             log(f"### point {i + 1}/{len(points)}: {p.label} (budget {p.budget / MiB:.0f} MiB, "
-                f"oversubscription {oversubscription(p.tasks, p.budget):.2f}x)")
+                f"oversubscription {oversubscription(p.tasks, p.budget):.2f}x, "
+                f"swap {'on' if p.swap else 'off'})")
             wall = [a / w.speed for a in p.arrivals_trace]
-            for s in schemes:
+            runs, skipped = schemes_at(schemes, p.swap)
+            results["points"][i]["skipped"] = skipped
+            for why in skipped:
+                log(f"   not run here: {why}")
+            for s, sw in runs:
                 if s.k is not None and s.k > len(p.tasks):
                     continue
                 if abort.is_set():
                     break
-                r = run_scheme(host, s, p.tasks, wall, p.budget, w, settings, log, abort)
+                events = out / f"events-{len(results['runs']) + 1}.jsonl"
+                r = run_scheme(host, s, p.tasks, wall, p.budget, w, settings, log, abort,
+                               swap=sw, events_path=str(events))
                 r["point"] = i
                 results["runs"].append(r)
                 results["elapsed_s"] = time.monotonic() - t_start

@@ -55,15 +55,17 @@ def test_scheme_definitions_match_the_issue() -> None:
     ablation = sc["execgate-noadmit"]
     assert (ablation.runtime, ablation.daemon, ablation.hints) == ("execgate", False, True)
     assert [s.name for s in S.parse_schemes(S.DEFAULT_SCHEMES, (2,))] == [
-        "eager", "static-2", "reserve", "agentcgroup", "execgate", "execgate-noadmit",
-        "execgate-nogrowth", "execgate-noresidency"]
+        "eager", "eager+swap", "static-2", "reserve", "agentcgroup", "execgate",
+        "execgate-noadmit", "execgate-nogrowth", "execgate-noresidency",
+        "execgate-nosandboxadmit", "execgate-noswap"]
 
 
 def test_parse_schemes_expands_static_and_rejects_unknown() -> None:
     got = S.parse_schemes("eager, static ,static-3,execgate,eager", (1, 2, 4, 8), n_tasks=3)
     assert [s.name for s in got] == ["eager", "static-1", "static-2", "static-3", "execgate"]
     assert all(s.family == "static" and s.k == int(s.name[-1]) for s in got[1:4])
-    assert [s.name for s in S.parse_schemes("all", (4,))][:2] == ["eager", "static-4"]
+    assert [s.name for s in S.parse_schemes("all", (4,))][:3] == [
+        "eager", "eager+swap", "static-4"]
     for bad in ("nope", "static-x", "static-0"):
         with pytest.raises(ValueError):
             S.parse_schemes(bad)
@@ -336,6 +338,12 @@ class FakeHost:
 
     def memory_current(self) -> int:
         return self.used
+
+    def swap_current(self) -> int:
+        return 0
+
+    def init_pid(self, cid: str) -> int:
+        return 1000 + int(cid[1:])
 
     def budget_ok(self, budget: int) -> bool:
         return True
