@@ -29,12 +29,15 @@ from typing import Any
 
 MiB = 1 << 20
 # Scheme colours, stable across plots; unknown schemes cycle through the rest.
-COLOURS = {"eager": "#d62728", "static": "#7f7f7f", "reserve": "#9467bd",
-           "agentcgroup": "#ff7f0e", "execgate": "#2ca02c", "execgate-noadmit": "#17becf",
-           "execgate-nogrowth": "#bcbd22", "execgate-noresidency": "#8c564b"}
-_EXTRA = ("#1f77b4", "#e377c2", "#aec7e8", "#98df8a")
-FAMILY_ORDER = ("eager", "static", "reserve", "agentcgroup", "execgate-noadmit",
-                "execgate-nogrowth", "execgate-noresidency", "execgate")
+COLOURS = {"eager": "#d62728", "eager+swap": "#ff9896", "static": "#7f7f7f",
+           "reserve": "#9467bd", "agentcgroup": "#ff7f0e", "execgate": "#2ca02c",
+           "execgate-noadmit": "#17becf", "execgate-nogrowth": "#bcbd22",
+           "execgate-noresidency": "#8c564b", "execgate-nosandboxadmit": "#e377c2",
+           "execgate-noswap": "#98df8a"}
+_EXTRA = ("#1f77b4", "#aec7e8", "#c49c94", "#dbdb8d")
+FAMILY_ORDER = ("eager", "eager+swap", "static", "reserve", "agentcgroup", "execgate-noadmit",
+                "execgate-nogrowth", "execgate-noresidency", "execgate-nosandboxadmit",
+                "execgate-noswap", "execgate")
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -109,6 +112,43 @@ HEADER = ["scheme", "tasks done", "makespan s (trace s)", "latency P50 / P95 s",
           "call delay P50 s"]
 
 
+WHY_HEADER = ["scheme", "kernel OOM kills: inits / calls", "calls waited / forced / held",
+              "admission wait max s", "reclaimed MiB", "swap peak MiB", "zram ratio"]
+
+
+def _zram_ratio(run: dict[str, Any]) -> float | None:
+    """orig / compr of what this run added to the zram device (None: no zram, nothing in)."""
+    sw = run.get("swap") or {}
+    a, b = sw.get("zram_before") or {}, sw.get("zram_after") or {}
+    if not a or not b:
+        return None
+    orig = b.get("orig_bytes", 0) - a.get("orig_bytes", 0)
+    compr = b.get("compr_bytes", 0) - a.get("compr_bytes", 0)
+    return orig / compr if orig > 0 and compr > 0 else None
+
+
+def _why_row(run: dict[str, Any]) -> list[str]:
+    """What explains a run's losses: who the kernel killed, what the daemon decided."""
+    m = run["metrics"]
+    calls = run.get("calls", [])
+    dec = [c["daemon"] for c in calls if c.get("daemon")]
+    waited = sum((d.get("waited_s") or 0) >= 1 for d in dec)
+    forced = sum(bool(d.get("forced")) for d in dec)
+    held = sum((d.get("held_s") or 0) > 0 for d in dec)
+    reclaimed = sum((c.get("residency") or {}).get("reclaimed_bytes", 0) for c in calls)
+    sw = run.get("swap") or {}
+    daemon = run.get("scheme_def", {}).get("daemon")
+    return [
+        label(run),
+        f"{m.get('kills_init', '–')} / {m.get('kills_call', '–')}",
+        f"{waited} / {forced} / {held}" if daemon else "–",
+        _num(m.get("admission_wait_max_s")) if daemon else "–",
+        _num(reclaimed / MiB, "{:.0f}") if daemon else "–",
+        _num(sw.get("swap_peak_bytes", 0) / MiB, "{:.0f}") if sw.get("on") else "off",
+        _num(_zram_ratio(run), "{:.2f}") if sw.get("on") else "–",
+    ]
+
+
 def _table(rows: list[list[str]], header: Sequence[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -133,7 +173,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"{w.get('speed')}x faster, memory /{w.get('mem_scale')}, CPU x{w.get('cpu_scale')}"
         + (f", calls under {w['fold_bytes'] / MiB:g} MiB folded" if w.get("fold_bytes") else "")
         + (f", {w['max_calls']} heaviest calls per task" if w.get("max_calls") else "")
-        + (f", idle time x{w['idle_scale']:g}" if w.get("idle_scale", 1) != 1 else "")
+        + (f", idle time x{w['idle_scale']:g}" if w.get("idle_scale", 1) != 1 else
+           ", LLM waits kept")
+        + (f", memory filled to zstd {w['fill_ratio']:g}:1" if w.get("fill_ratio") else "")
         + f"; up to {p.get('retry_limit')} retries per task. Host: {results.get('host', {})}.")
     out += ["", "Latency is from a task's arrival to its completion (queueing and retries "
             "included), wall seconds; makespan in wall seconds (trace seconds in brackets). "
@@ -144,8 +186,13 @@ def markdown(results: dict[str, Any]) -> str:
         if not runs:
             continue
         out.append(f"## {point['label']}: budget {point['budget_bytes'] / MiB:.0f} MiB, "
-                   f"oversubscription {point['oversubscription']:.2f}x")
+                   f"oversubscription {point['oversubscription']:.2f}x, swap "
+                   f"{point.get('swap', 'off')}")
         out += ["", _table([_row(r) for r in runs], HEADER), ""]
+        out += ["Why (per call in results.json: `calls[].daemon`, `calls[].residency`, "
+                "`kills`):", "", _table([_why_row(r) for r in runs], WHY_HEADER), ""]
+        if point.get("skipped"):
+            out += ["Not run at this point: " + "; ".join(point["skipped"]) + ".", ""]
         static = sorted((r for r in results["runs"]
                          if r.get("point", 0) == i and r.get("family") == "static"),
                         key=lambda r: r["k"])

@@ -86,8 +86,11 @@ def test_markdown_table_has_one_row_per_scheme(results: dict[str, Any]) -> None:
     assert md.count("## ") == 2
     assert "oversubscription 2.10x" in md and "oversubscription 4.20x" in md
     section = md.split("## ")[1]
-    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
+    main, why = section.split("Why (")
+    rows = [line for line in main.splitlines() if line.startswith("| ")][1:]
     assert [r.split("|")[1].strip() for r in rows] == ["eager", "static (K=2)", "execgate"]
+    why_rows = [line for line in why.splitlines() if line.startswith("| ")][1:]
+    assert [r.split("|")[1].strip() for r in why_rows] == ["eager", "static (K=2)", "execgate"]
     eager = rows[0].split("|")
     assert eager[2].strip() == "3/3" and eager[5].strip() == "1"  # done, OOM kills
     assert "1/4 (25 %)" in eager[6]  # failed attempts and rate
@@ -157,7 +160,7 @@ def test_merge_joins_runs_of_one_workload(results: dict[str, Any], tmp_path: Pat
         ["eager", "execgate"], ["static-1", "static-2", "static-3"]]
     md = report.markdown(merged)
     assert "Merged from 2 runs" in md and "--schemes eager,execgate" in md
-    assert md.split("## ")[1].count("| static (K=2) |") == 1
+    assert md.split("## ")[1].split("Why (")[0].count("| static (K=2) |") == 1
 
     src_a, src_b = tmp_path / "a.json", tmp_path / "b.json"
     src_a.write_text(json.dumps(a))
