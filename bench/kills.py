@@ -59,15 +59,20 @@ def attribute(kill: Mapping[str, Any], containers: Mapping[str, Mapping[str, Any
     """The kill with what it hit: `containers` maps a container id to its task, attempt and
     init_pid, `calls` a journal call id (the `tool-…` cgroup) to the replayed call. victim:
     "init" (the sandbox itself: the agent framework), "call" (a tool call's process; under runc
-    it shares the sandbox's cgroup, so its call is the one that exited 137), or "other"."""
+    it shares the sandbox's cgroup, so its call is the one that exited 137), "other" (outside
+    the run's sandboxes) or "unattributed" (the kernel rate-limits the line naming the cgroup:
+    only an init is then known, by its pid)."""
     out = dict(kill)
     path = str(kill.get("task_memcg", ""))
     m = _SCOPE.search(path)
     cid = next((c for c in containers if c.startswith(m["cid"])), None) if m else None
     leaf = path.rstrip("/").rsplit("/", 1)[-1] if path else ""
+    if cid is None and not path:  # its oom-kill line was rate-limited away: by pid, if an init
+        cid = next((c for c, b in containers.items()
+                    if kill.get("pid") is not None and b.get("init_pid") == kill.get("pid")), None)
     out["container"] = cid
     if cid is None:
-        out["victim"] = "other"
+        out["victim"] = "other" if path else "unattributed"
         return out
     box = containers[cid]
     out.update(task=box.get("task"), attempt=box.get("attempt"))

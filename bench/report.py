@@ -140,7 +140,8 @@ def _why_row(run: dict[str, Any]) -> list[str]:
     daemon = run.get("scheme_def", {}).get("daemon")
     return [
         label(run),
-        f"{m.get('kills_init', '–')} / {m.get('kills_call', '–')}",
+        f"{m.get('kills_init', '–')} / {m.get('kills_call', '–')}"
+        + (f" (+{m['kills_unattributed']} unattributed)" if m.get("kills_unattributed") else ""),
         f"{waited} / {forced} / {held}" if daemon else "–",
         _num(m.get("admission_wait_max_s")) if daemon else "–",
         _num(reclaimed / MiB, "{:.0f}") if daemon else "–",

@@ -410,6 +410,8 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
             kills.parse_kills(r for r in host.kernel_log() if r[0] > kseq), rep, by_id)
         result["metrics"]["kills_init"] = sum(k["victim"] == "init" for k in result["kills"])
         result["metrics"]["kills_call"] = sum(k["victim"] == "call" for k in result["kills"])
+        result["metrics"]["kills_unattributed"] = sum(k["victim"] == "unattributed"
+                                                      for k in result["kills"])
         result["daemon_domain"] = domain
         result["config"] = cfg if uses_execgate else None
     finally:

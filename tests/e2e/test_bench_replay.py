@@ -126,5 +126,15 @@ def test_results_are_complete_and_consistent(replay: dict[str, Any]) -> None:
     # Three calls at once overrun the slice: eager cannot have run them together unharmed.
     if _surely_overlapping(eager["calls"]) >= 3:
         assert eager["metrics"]["oom_kills"] >= 1
+    # The results explain themselves: every gated call carries the daemon's decision, every
+    # kernel OOM kill its victim (task, attempt; a sandbox's init or a call).
+    assert results["points"][0]["swap"] == "off"
+    assert all(r["swap"]["slice_swap_max"] == "0" for r in results["runs"])
+    assert all("waited_s" in c["daemon"] for c in gated["calls"]), gated["calls"]
+    for run in results["runs"]:
+        assert len(run["kills"]) == run["metrics"]["kernel_oom_kills"], run["kills"]
+        for k in run["kills"]:  # (the kernel rate-limits the line naming the victim's cgroup)
+            assert k["victim"] in ("init", "call", "unattributed"), k
+            assert k["victim"] == "unattributed" or k["task"] in ids, k
     report = (out / "report.md").read_text()
     assert "| eager |" in report and "| execgate |" in report

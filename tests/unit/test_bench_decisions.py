@@ -46,7 +46,13 @@ def test_kernel_oom_kills_are_parsed_and_attributed_to_task_attempt_and_call() -
         "call", "t1", 2, 3, "tool-7")
     b = kills.attribute(found[1], boxes, calls)
     assert (b["victim"], b["task"], b["container"]) == ("init", "t2", OTHER)
-    assert kills.attribute(found[2], boxes, calls)["victim"] == "other"
+    assert kills.attribute(found[2], boxes, calls)["victim"] == "unattributed"
+    # the rate-limited case: only the "Killed process" line, an init known by its pid
+    (lone,) = kills.parse_kills([(20, "Memory cgroup out of memory: Killed process 77 "
+                                      "(memload) anon-rss:1kB")])
+    assert kills.attribute(lone, boxes, calls)["victim"] == "init"
+    elsewhere = dict(found[0], task_memcg="/system.slice/cron.service")
+    assert kills.attribute(elsewhere, boxes, calls)["victim"] == "other"
 
 
 def test_each_call_gets_its_journal_decision_admission_reason_and_residency() -> None:
