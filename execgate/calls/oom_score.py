@@ -69,8 +69,9 @@ def _write(pid: int, value: int, proc: str) -> bool:
 
 def lower(cgroup: str, held: int, saved: dict[int, int], proc: str = PROC) -> int:
     """Give every task of a held call's cgroup above the held value that value; record in
-    saved (pid -> old value) the tasks lowered for the first time. Called again while held, it catches tasks the
-    call forked or another writer raised since. Returns how many were lowered now."""
+    saved (pid -> old value) the tasks lowered for the first time. Called again while held,
+    it catches tasks the call forked or another writer raised since. Returns how many were
+    lowered now."""
     n = 0
     for pid in _procs(cgroup):
         current = _read(pid, proc)

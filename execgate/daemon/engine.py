@@ -186,13 +186,12 @@ class Engine:
             return None
         return {"waited_s": round(why[0], 3), "reason": why[1]}
 
-    def wait_bound_s(self) -> float | None:
-        """How long a front door waits for admission before it runs the call unmanaged:
-        the fail-open cap max_queued_s plus slack, None without a cap (the daemon admits a
-        call at the latest when the calls before it end)."""
-        adm, slack = self.settings.admission, self.settings.daemon.admission_slack_s
-        return max(adm.max_queued_s, adm.max_admission_wait_s) + slack if adm.max_queued_s \
-            else None
+    def wait_bound_s(self) -> float:
+        """How long a front door waits for admission before it runs the call unmanaged: the
+        daemon's fail-open cap (max_queued_s, at least max_admission_wait_s) plus slack."""
+        adm = self.settings.admission
+        return max(adm.max_queued_s, adm.max_admission_wait_s) + \
+            self.settings.daemon.admission_slack_s
 
     def submit_sandbox(self, msg: dict[str, Any]
                        ) -> tuple[dict[str, Any], asyncio.Future[Any]]:

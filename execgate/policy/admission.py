@@ -42,8 +42,9 @@ size rules, but in red it takes the single probe slot like any probe and waits w
 probe runs. An overdue call that may not start stops the whole step: nothing behind it is
 admitted, so releases accumulate for it (`first_in_line` says how much room it lacks, for the
 daemon to reclaim). Admitted overdue calls are marked `forced`. A call queued `max_queued_s`
-(0: never) starts whatever the state: the fail-open cap for a host whose running calls never end
-(a detached server holding its charge), counted as `overheld`.
+starts whatever the state: the fail-open cap for a host whose running calls never end (a
+detached server holding its charge), counted as `overheld`; set at or below the bounded wait, it
+forces every overdue call in (the rule before no-force: admission out of the way).
 
 Fairness: within a queue, calls are ordered by priority (high, normal, low), then by when their
 sandbox was last served (least recently first; a sandbox with no queued or running call is
@@ -86,8 +87,8 @@ class AdmissionConfig:
     credit_rate_bytes_per_s: float | None = None
     # Bounded wait: a call queued this long is first in line (the no-force rule, above).
     max_admission_wait_s: float = 30.0
-    # Fail-open cap: a call queued this long starts whatever the state (0 = never). At or
-    # below max_admission_wait_s it is the old rule: every overdue call forced in.
+    # Fail-open cap: a call queued this long starts whatever the state. At or below
+    # max_admission_wait_s it is the rule before no-force: every overdue call forced in.
     max_queued_s: float = 600.0
 
     def __post_init__(self) -> None:
@@ -415,7 +416,7 @@ class Admission:
             peak = entry.demand.peak_bytes
             charge = logical_charge(entry.demand, self._admitted_bytes, window)
             probe = False
-            if cap and waited >= cap:
+            if waited >= cap:
                 self.overheld += 1
                 reason = (f"overheld: queued {waited:.1f} s >= max_queued_s {cap:g} s, "
                           f"started whatever the state ({reading.state})")

@@ -46,15 +46,15 @@ def _number(value: Any, default: float | None) -> float | None:
     return float(value)
 
 
-def wait_bound(first: dict[str, Any]) -> tuple[float | None, float]:
-    """(total seconds to wait for `admitted`, or None for as long as the daemon keeps us
-    informed; seconds of silence after which the daemon counts as wedged), from `queued`."""
+def wait_bound(first: dict[str, Any]) -> tuple[float, float]:
+    """(total seconds to wait for `admitted`, seconds of silence after which the daemon
+    counts as wedged), from its `queued` frame."""
     progress = _number(first.get("progress_s"), None)
     max_wait = _number(first.get("max_wait_s"), 30.0) or 0.0
     if not progress:  # an older daemon: it forces the call after max_wait_s
         return max_wait + SLACK_S, max_wait + SLACK_S
-    cap = _number(first.get("max_queued_s"), 0.0)
-    return (cap + SLACK_S if cap else None), progress + SLACK_S
+    cap = _number(first.get("max_queued_s"), max_wait) or 0.0
+    return max(cap, max_wait) + SLACK_S, progress + SLACK_S
 
 
 def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
@@ -74,9 +74,9 @@ def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
                             "running unmanaged")
                 return None
             total, silence = wait_bound(first)
-            deadline = None if total is None else time.monotonic() + total
+            deadline = time.monotonic() + total
             while True:
-                left = silence if deadline is None else deadline - time.monotonic()
+                left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"no admission within {total:g} s")
                 daemon.settimeout(min(silence, left))

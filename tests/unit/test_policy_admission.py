@@ -390,7 +390,7 @@ def test_forced_calls_use_up_headroom_of_the_step() -> None:
 def test_overdue_call_that_does_not_fit_is_not_admitted_beside_running_calls() -> None:
     """The 8.6x sweep forced calls into red; an expired wait now only puts a call first in line:
     it runs when its peak fits, or alone, and nothing behind it overtakes."""
-    h = Harness(AdmissionConfig(max_admission_wait_s=5.0, max_queued_s=0))
+    h = Harness(AdmissionConfig(max_admission_wait_s=5.0, max_queued_s=1e9))
     h.submit("run", peak=300 * MiB, sandbox="A")
     assert h.ids(reading(GREEN, eff=400 * MiB)) == ["run"]
     h.submit("big", peak=300 * MiB, sandbox="B")
@@ -460,10 +460,12 @@ def test_max_queued_s_fails_open_and_is_counted() -> None:
     assert h.adm.overheld == 1 and h.adm.snapshot()["overheld"] == 1
 
 
-def test_max_queued_s_below_the_bounded_wait_forces_at_the_bounded_wait() -> None:
+@pytest.mark.parametrize("cap", [10.0, 0.0])
+def test_max_queued_s_below_the_bounded_wait_forces_at_the_bounded_wait(cap: float) -> None:
+    """The rule before no-force, for tests and ablations that take admission out of the way."""
     with pytest.raises(ValueError):
         AdmissionConfig(max_queued_s=-1.0)
-    h = Harness(AdmissionConfig(max_admission_wait_s=30.0, max_queued_s=10.0))
+    h = Harness(AdmissionConfig(max_admission_wait_s=30.0, max_queued_s=cap))
     h.submit("run", peak=4 * GiB, sandbox="A")
     assert h.ids() == ["run"]
     h.submit("late", peak=1 * GiB, sandbox="B")

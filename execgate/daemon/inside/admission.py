@@ -46,7 +46,7 @@ class CallAdmission(AgentsState):
             decision = await asyncio.wait_for(asyncio.shield(fut), bound)
         except TimeoutError:
             log.warning("inside call %s: no admission after %.0f s; running unmanaged",
-                        c.name, bound or 0.0)
+                        c.name, bound)
             self.engine.cancel(c.name)
             self._run(c, None)
             return
