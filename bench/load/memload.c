@@ -142,6 +142,22 @@ static size_t random_bytes_per_page(long page)
     return r < 0 ? 0 : (size_t)r;
 }
 
+/* A page of TEXT repeated, made once: each page's text part is one memcpy from it. */
+static const char *text_page(long page)
+{
+    static char *text;
+    if (!text) {
+        text = malloc((size_t)page);
+        if (!text) {
+            fprintf(stderr, "memload: malloc: %s\n", strerror(errno));
+            exit(1);
+        }
+        for (long i = 0; i < page; i++)
+            text[i] = TEXT[i % (long)(sizeof TEXT - 1)];
+    }
+    return text;
+}
+
 /* One page of fill: `seed` makes its random run differ from every other page's. */
 static void fill_page(char *p, long page, unsigned long long seed)
 {
@@ -154,8 +170,7 @@ static void fill_page(char *p, long page, unsigned long long seed)
     }
     for (; i < rnd; i++)
         p[i] = (char)(x >> (i % 8 * 8));
-    for (size_t t = 0; i < (size_t)page; i++, t = (t + 1) % (sizeof TEXT - 1))
-        p[i] = TEXT[t];
+    memcpy(p + rnd, text_page(page) + rnd, (size_t)page - rnd);
 }
 
 /* A per-process seed, so two calls' pages differ too. */
