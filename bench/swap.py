@@ -87,15 +87,15 @@ class HostSwap:
 
 
 def _free_zram() -> tuple[str, bool] | None:
-    """A zram device with no disk size, hot-adding one if the module supports it."""
+    """A zram device with no disk size (modprobe makes zram0), else a hot-added one."""
+    for name in sorted(os.listdir(SYS_BLOCK)) if os.path.isdir(SYS_BLOCK) else []:
+        if name.startswith("zram") and _read(os.path.join(SYS_BLOCK, name, "disksize")) == "0":
+            return name, False
     hot = os.path.join(ZRAM_CONTROL, "hot_add")
     if os.path.exists(hot):
         n = _read(hot)  # reading hot_add creates a device and returns its number
         if n and n.isdigit():
             return f"zram{n}", True
-    for name in sorted(os.listdir(SYS_BLOCK)) if os.path.isdir(SYS_BLOCK) else []:
-        if name.startswith("zram") and _read(os.path.join(SYS_BLOCK, name, "disksize")) == "0":
-            return name, False
     return None
 
 
