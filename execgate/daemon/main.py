@@ -55,12 +55,25 @@ def _admit_error(msg: dict[str, Any]) -> str | None:
     argv = msg.get("argv", [])
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         return "admit's 'argv' must be a list of strings"
+    progress = msg.get("progress_s")
+    if progress is not None and (isinstance(progress, bool)
+                                 or not isinstance(progress, int | float)):
+        return "admit's 'progress_s' must be a number"
     if msg.get("hint") is not None:
         try:
             hints.Hint.from_dict(msg["hint"])
         except ValueError as e:
             return f"admit's 'hint' is invalid: {e}"
     return None
+
+
+def _progress_s(msg: dict[str, Any]) -> float | None:
+    """The period of `waiting` frames a runtime asked for (docs/protocol.md), kept within
+    [1, 60] s; None when it did not ask (an older runtime reads only two frames)."""
+    value = msg.get("progress_s")
+    if value is None or value <= 0:
+        return None
+    return min(max(float(value), 1.0), 60.0)
 
 
 class Daemon:
@@ -91,17 +104,33 @@ class Daemon:
             ticket, fut = self.engine.submit(msg)
         except ValueError as e:
             return protocol.reply(False, error=str(e))
+        progress = _progress_s(msg)
+        if progress is not None:
+            ticket["progress_s"] = progress
         await conn.send(protocol.reply(True, queued=True, **ticket))
         hangup = asyncio.ensure_future(conn.closed())
         try:
-            await asyncio.wait({fut, hangup}, return_when=asyncio.FIRST_COMPLETED)
-            if not fut.done():  # the runtime gave up or died: nothing will run
-                self.engine.cancel(call_id)
-                return None
+            while not fut.done():
+                await asyncio.wait({fut, hangup}, timeout=progress,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if fut.done():
+                    break
+                if hangup.done():  # the runtime gave up or died: nothing will run
+                    self.engine.cancel(call_id)
+                    return None
+                waiting = self.engine.waiting(call_id)
+                if waiting is None:  # a runtime that asked is told every progress_s
+                    continue
+                try:
+                    await conn.send(protocol.reply(True, waiting=True, **waiting))
+                except (ConnectionError, OSError):
+                    self.engine.cancel(call_id)
+                    return None
             d = fut.result()
             await conn.send(protocol.reply(True, admitted=True, waited_s=d.waited_s,
                                            forced=d.forced, probe=d.probe,
-                                           charge=d.charge_bytes, reason=d.reason))
+                                           overheld=d.overheld, charge=d.charge_bytes,
+                                           reason=d.reason))
             return None
         finally:
             hangup.cancel()

@@ -82,6 +82,14 @@ class Running:
         peer = await Peer.connect(self.path)
         return peer, await peer.ask(msg)
 
+    async def running(self, i: int, mem: int) -> dict[str, Any]:
+        """A call admitted at once and left running; its request."""
+        msg = self.admit_msg(i, mem)
+        peer, _ = await self.admit(msg)
+        assert (await peer.recv())["admitted"] is True
+        await peer.close()
+        return msg
+
     async def admission(self) -> dict[str, list[str]]:
         """The calls queued and running, as `execgatectl status` asks the daemon for them."""
         peer = await Peer.connect(self.path)
@@ -146,10 +154,7 @@ def test_a_call_that_fits_is_admitted_at_once(tmp_path: Path) -> None:
 def test_a_call_that_does_not_fit_waits_until_a_done_frees_room(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with daemon(tmp_path, budget=1024 * MiB, used=64 * MiB) as d:
-            big = d.admit_msg(1, 600 * MiB)
-            first, _ = await d.admit(big)
-            assert (await first.recv())["admitted"] is True
-            await first.close()
+            big = await d.running(1, 600 * MiB)
 
             waiting = d.admit_msg(2, 600 * MiB)
             peer, queued = await d.admit(waiting)
@@ -166,6 +171,34 @@ def test_a_call_that_does_not_fit_waits_until_a_done_frees_room(tmp_path: Path) 
             assert await peer.at_eof()
             await peer.close()
             assert await d.admission() == {"queued": [], "running": [waiting["call"]]}
+
+    asyncio.run(scenario())
+
+
+def test_an_overdue_call_is_never_forced_beside_a_running_one_and_hears_why(
+        tmp_path: Path) -> None:
+    """Past max_wait_s the second call is first in line, not forced into the full domain; a
+    runtime that asked (progress_s) gets a `waiting` frame with the reason every period."""
+    async def scenario() -> None:
+        async with daemon(tmp_path, budget=1024 * MiB, used=64 * MiB) as d:
+            big = await d.running(1, 600 * MiB)
+
+            peer, queued = await d.admit(d.admit_msg(2, 600 * MiB, progress_s=0.2))
+            assert queued["progress_s"] == 1.0  # clamped to [1, 60] s
+            assert queued["max_queued_s"] == d.engine.settings.admission.max_queued_s
+            frame = await peer.recv()
+            assert frame["ok"] is True and frame["waiting"] is True
+            d.clock.t += 31.0  # past max_wait_s (30 s)
+            for _ in range(2):
+                frame = await peer.recv()
+                assert frame.get("waiting") is True, frame  # never forced in
+            assert frame["waited_s"] == 31.0
+            assert frame["reason"].startswith("first in line, needs ")
+            assert (await d.done(big["call"]))["ok"] is True
+            admitted = await peer.recv()
+            assert admitted["admitted"] is True and admitted["forced"] is True
+            assert admitted["overheld"] is False and "fits headroom" in admitted["reason"]
+            await peer.close()
 
     asyncio.run(scenario())
 
@@ -252,8 +285,8 @@ def test_the_protocol_version_is_checked_before_the_op_runs(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(("key", "bad"), [
     ("container", 5), ("argv", "pytest -q"), ("argv", 5), ("hint", "mem=1g"),
-    ("hint", {"memory_bytes": True}),
-], ids=["container-int", "argv-str", "argv-int", "hint-str", "hint-bool-bytes"])
+    ("hint", {"memory_bytes": True}), ("progress_s", "10"),
+], ids=["container-int", "argv-str", "argv-int", "hint-str", "hint-bool-bytes", "progress-str"])
 def test_a_wrongly_typed_field_is_refused_by_name(tmp_path: Path, key: str, bad: Any) -> None:
     async def scenario() -> None:
         async with daemon(tmp_path) as d:
