@@ -147,13 +147,13 @@ class Engine:
                     continue
                 info = CallInfo(call_id=name, sandbox=rec.get("sandbox") or rec["id"], argv=[])
                 used = v2.read_int(path, "memory.current") or 0
+                for pid in v2.procs(path):  # a crash may have left a held call's value lowered
+                    raise_oom_score_adj(pid, self.cfg.tool_oom_score_adj)
                 self.admission.adopt(info, used)
                 self.calls[name] = LiveCall(info, rec["id"], path, self.clock(), seen=True)
                 adopted += 1
         return adopted
 
-                for pid in v2.procs(path):  # a crash may have left a held call's value lowered
-                    raise_oom_score_adj(pid, self.cfg.tool_oom_score_adj)
     # -- requests ------------------------------------------------------------------------------
 
     def submit(self, msg: dict[str, Any]) -> tuple[dict[str, Any], asyncio.Future[Decision]]:
@@ -192,15 +192,6 @@ class Engine:
         adm = self.settings.admission
         return max(adm.max_queued_s, adm.max_admission_wait_s) + \
             self.settings.daemon.admission_slack_s
-
-    def submit_sandbox(self, msg: dict[str, Any]
-                       ) -> tuple[dict[str, Any], asyncio.Future[Any]]:
-        """A create asks to start (`start_sandbox`); decided at once when it fits."""
-        answer, fut = self.sandboxes.submit(msg)
-        if not fut.done():
-            self._step_sandboxes()
-            self.wake.set()  # from now on the loop ticks every sample period
-        return answer, fut
 
     def done(self, call_id: str) -> dict[str, Any]:
         """The call's watcher saw it end: release it now and say what the gate did to it."""
