@@ -54,6 +54,7 @@ class SimSettings:
     residency_period_s: float = 1.0
     sample_every_s: float = 0.15  # memory samples kept for the metrics (the VM's 150 ms)
     immediate_steps: bool = True  # admission stepped on every submit/release, as the daemon
+    sandbox_period_s: float = 0.0  # sandbox admission stepped at most this often (0: each tick)
 
 
 @dataclass(eq=False)
@@ -114,6 +115,7 @@ class Simulation:
         self.waiters: dict[str, _TaskState] = {}  # call id -> task waiting in admission
         self.in_op: set[_TaskState] = set()
         self.creates: dict[str, _TaskState] = {}  # box id -> task whose create waits
+        self.next_sandbox_step = 0.0
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -313,7 +315,9 @@ class Simulation:
         if self.hands is not None:
             decisions, victims = self.hands.tick(dt)
             self._decided(decisions)
-            self._started(self.hands.step_sandboxes())
+            if now >= self.next_sandbox_step:
+                self.next_sandbox_step = now + self.s.sandbox_period_s
+                self._started(self.hands.step_sandboxes())
             for cid in victims:
                 call = self.domain.running.get(cid)
                 if call is not None:
