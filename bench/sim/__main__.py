@@ -47,20 +47,25 @@ def _policy_line() -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     extra = [x for x in (args.extra or "").split(",") if x.strip()]
-    res = validate(args.results, tick_s=args.tick, extra=extra)
+    res = validate(args.results, tick_s=args.tick, extra=extra, per_part=args.per_part)
     lines = [_policy_line(), "", *table(res["rows"]), "", *summary(res["rows"])]
     lines += ["", f"simulated {len(res['rows'])} runs in {res['wall_s']:.1f} s wall", "",
               "cost model (n = live sandboxes, averaged over the operation):"]
     lines += cost_lines(res["costs"], res["results"], res["tasks"])
+    for part, costs in sorted(res["part_costs"].items(), key=lambda kv: str(kv[0])):
+        lines += ["", f"per-boot fit, part {part}:"]
+        lines += [f"  {rt} {op:<4} {getattr(m, op).describe()}" for rt, m in costs.items()
+                  for op in ("run", "exec", "rm")]
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    _write(args.out, f"validate{'-' + args.policy_rev if args.policy_rev else ''}.md", text)
+    stem = "validate" + (f"-{args.policy_rev}" if args.policy_rev else "") + (
+        "-per-part" if args.per_part else "")
+    _write(args.out, f"{stem}.md", text)
     if args.out:
         rows = [{k: v for k, v in r.items()} for r in res["rows"]]
         data = {"source": res["source"], "rows": rows,
                 "costs": {k: m.to_dict() for k, m in res["costs"].items()}}
-        name = f"validate{'-' + args.policy_rev if args.policy_rev else ''}.json"
-        _write(args.out, name, json.dumps(data, indent=1, default=str) + "\n")
+        _write(args.out, f"{stem}.json", json.dumps(data, indent=1, default=str) + "\n")
     return 0
 
 
@@ -156,6 +161,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--tick", type=float, default=0.1, help="control period (s)")
     v.add_argument("--extra", help="schemes the VM did not run, simulated on every point too "
                    "(e.g. execgate-sandboxadmit)")
+    v.add_argument("--per-part", action="store_true",
+                   help="one cost model per VM boot (`part` of a merged results file)")
     v.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "
                    "(the one the VM ran: fff81fa for docs/replay/sweep)")
     v.set_defaults(func=cmd_validate)

@@ -58,14 +58,22 @@ def _err(vm: float, sim: float) -> str:
     return f"{100 * (sim - vm) / vm:+.0f} %"
 
 
-def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = ()) -> dict[str, Any]:
+def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
+             per_part: bool = False) -> dict[str, Any]:
     """Rerun every (point, scheme) of the results in the simulator; rows of VM vs sim. `extra`:
     schemes the VM did not run, simulated on every point too (rows without a VM side), with
-    the config of the point's execgate run."""
+    the config of the point's execgate run. `per_part`: one cost model per VM boot of a merged
+    results file (`part`), fitted to that boot's runs only: the boots ran at different speeds
+    (two at once on one host), which a pooled fit averages away."""
     results = load_results(path)
     tasks = tasks_of(results)
     by_id = {t.id: t for t in tasks}
     costs = fit_results(results, by_id)
+    part_costs: dict[Any, dict[str, CostModel]] = {}
+    if per_part:
+        for part in {r.get("part") for r in results["runs"]}:
+            sub = dict(results, runs=[r for r in results["runs"] if r.get("part") == part])
+            part_costs[part] = fit_results(sub, by_id)
     params = results["params"]
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -74,8 +82,9 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = ()) -
         n = point["n_tasks"]
         scheme = sim_schemes.parse(run["scheme"])[0]
         cfg = scheme_config(run, params["workload"], params.get("settings") or {})
+        c = part_costs.get(run.get("part"), costs)
         sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
-                       SimSettings(cost=costs["runc"], cost_by_runtime=costs, tick_s=tick_s,
+                       SimSettings(cost=c["runc"], cost_by_runtime=c, tick_s=tick_s,
                                    retry_limit=int(params.get("retry_limit", 5))), cfg)
         vm_m, sim_m = run["metrics"], sim["metrics"]
         row: dict[str, Any] = {"point": run["point"], "label": point["label"],
@@ -112,7 +121,8 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = ()) -
             row["sim_reasons"] = _reasons(sim["attempts"])
             row["sim_daemon"] = sim.get("daemon")
             rows.append(row)
-    return {"source": str(path), "rows": rows, "costs": costs, "tasks": by_id,
+    return {"source": str(path), "rows": rows, "costs": costs, "part_costs": part_costs,
+            "tasks": by_id,
             "results": results, "wall_s": time.perf_counter() - t0}
 
 
