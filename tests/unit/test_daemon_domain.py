@@ -44,3 +44,20 @@ def test_a_cgroup_domain_follows_its_files_and_falls_back_to_the_host(tmp_path: 
     assert fresh.budget == host.budget and fresh.used == 10 * MiB
     assert 0 < fresh.available <= host.budget - 10 * MiB
     assert Domain(str(cg), budget_override=512 * MiB).sample().budget == 512 * MiB
+
+
+def test_swap_free_is_the_hosts_within_the_domains_swap_max(tmp_path: Path) -> None:
+    """The last resort waits while swap has room (issue 15 §5): the domain reports what swap it
+    can still use — host SwapFree, within its own memory.swap.max when it sets one."""
+    cg = tmp_path / "agents.slice"
+    cg.mkdir()
+    (cg / "memory.max").write_text(f"{1024 * MiB}\n")
+    (cg / "memory.current").write_text(f"{100 * MiB}\n")
+    dom = Domain(str(cg))
+    host_free = dom.sample().swap_free  # no swap files: the host's SwapFree
+    assert host_free is not None and host_free >= 0
+    (cg / "memory.swap.max").write_text("0\n")
+    (cg / "memory.swap.current").write_text("0\n")
+    assert Domain(str(cg)).sample().swap_free == 0  # swap off for the domain
+    (cg / "memory.swap.max").write_text("max\n")
+    assert Domain(str(cg)).sample().swap_free == host_free
