@@ -60,4 +60,5 @@ def test_swap_free_is_the_hosts_within_the_domains_swap_max(tmp_path: Path) -> N
     (cg / "memory.swap.current").write_text("0\n")
     assert Domain(str(cg)).sample().swap_free == 0  # swap off for the domain
     (cg / "memory.swap.max").write_text("max\n")
-    assert Domain(str(cg)).sample().swap_free == host_free
+    unlimited = Domain(str(cg)).sample().swap_free
+    assert unlimited is not None and abs(unlimited - host_free) < 64 * MiB  # the host's, moving
