@@ -62,6 +62,7 @@ def print_daemon(d: dict[str, Any]) -> None:
               f"{ins.get('failed', 0)} (followed {_source(ins.get('source'))})")
         if ins.get("learned"):
             print(f"  placed at their exec, learned: {', '.join(ins['learned'])}")
+    print_sandbox_admission(d.get("sandbox_admission") or {})
     queued = adm.get("queued") or []
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "
@@ -74,6 +75,25 @@ def print_daemon(d: dict[str, Any]) -> None:
             print(f"{q.get('call_id', ''):<18} {str(q.get('sandbox', ''))[:12]:<14} "
                   f"{q.get('queue', ''):<6} {_mib(dem.get('peak_bytes')):>9} "
                   f"{q.get('waited_s', 0):>6.1f}s  {dem.get('source', '')}")
+
+
+def print_sandbox_admission(sa: dict[str, Any]) -> None:
+    """Creates waiting to start (oldest first, with why) and how creates were admitted."""
+    if not sa:
+        return
+    totals = sa.get("totals") or {}
+    waiting = sa.get("waiting") or []
+    print(f"sandbox admission: {'on' if sa.get('enabled') else 'off'} (max start wait "
+          f"{sa.get('max_start_wait_s')} s); {sa.get('live', 0)} live, "
+          f"{len(sa.get('starting') or [])} starting, {len(waiting)} waiting; admitted "
+          f"{totals.get('admitted', 0)}, fail-open {totals.get('fail-open', 0)}, cancelled "
+          f"{sa.get('cancelled', 0)}")
+    if waiting:
+        print(f"\nWAITING SANDBOXES ({len(waiting)})")
+        print(f"{'CONTAINER':<14} {'WAITED':>7} {'BASELINE':>9}  WHY")
+        for w in waiting:
+            print(f"{str(w.get('sandbox_id', ''))[:12]:<14} {w.get('waited_s', 0):>6.1f}s "
+                  f"{_mib(w.get('baseline_bytes')):>9}  {w.get('reason', '')}")
 
 
 def print_probes(pr: dict[str, Any]) -> None:
@@ -116,6 +136,9 @@ def print_status(snap: dict[str, Any], source: str) -> None:
         print(f"{cid[:12]:<14} {c['call']:<18} {_mib(c.get('memory_current')):>9} "
               f"{_mib(c.get('memory_peak')):>9} {c.get('pids', 0):>4} {age:>7}  "
               f"{'frozen' if c.get('frozen') else 'running'}")
+    unadmitted = [b["id"] for b in boxes if (b.get("start") or {}).get("admitted") is False]
+    if unadmitted:
+        print(f"started unadmitted (no daemon at create): {len(unadmitted)}")
     print_calls(snap.get("recent_calls", []), title="RECENT CALLS")
 
 

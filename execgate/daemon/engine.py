@@ -34,6 +34,7 @@ from .events import EventBus
 from .growth_gate import GrowthGate
 from .idle_sandboxes import Residency
 from .probe_monitor import ProbeMonitor
+from .sandboxes import Sandboxes
 from .settings import Settings
 from .store import JournalFollower, Store
 
@@ -116,6 +117,10 @@ class Engine:
         self.pending: dict[str, tuple[dict[str, Any], asyncio.Future[Decision]]] = {}
         self.residency = Residency(settings.residency, settings.pressure, cfg.state_dir,
                                    settings.inside.default, self.events, clock)
+        # Creates waiting for room (policy/sandbox_admission.py), and the domain's sandboxes.
+        domain = None if settings.daemon.domain == "host" else settings.daemon.domain
+        self.sandboxes = Sandboxes(settings.sandboxes, settings.residency, cfg.state_dir, domain,
+                                   self.events, clock)
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
         self.sampled_at = float("-inf")
@@ -164,6 +169,7 @@ class Engine:
             info = CallInfo(info.call_id, info.sandbox, info.argv, info.declared_bytes, "normal")
         ticket = self.admission.submit(info)
         self.residency.touch(msg.get("container"))  # thawed before it is admitted
+        self.sandboxes.call_arrived(msg.get("container"))  # at its baseline: settled
         fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self.pending[info.call_id] = (msg, fut)
         self.events.publish("queued", call=info.call_id, sandbox=info.sandbox,
@@ -192,6 +198,15 @@ class Engine:
         adm = self.settings.admission
         return max(adm.max_queued_s, adm.max_admission_wait_s) + \
             self.settings.daemon.admission_slack_s
+
+    def submit_sandbox(self, msg: dict[str, Any]
+                       ) -> tuple[dict[str, Any], asyncio.Future[Any]]:
+        """A create asks to start (`start_sandbox`); decided at once when it fits."""
+        answer, fut = self.sandboxes.submit(msg)
+        if not fut.done():
+            self._step_sandboxes()
+            self.wake.set()  # from now on the loop ticks every sample period
+        return answer, fut
 
     def done(self, call_id: str) -> dict[str, Any]:
         """The call's watcher saw it end: release it now and say what the gate did to it."""
@@ -222,6 +237,7 @@ class Engine:
                 self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
                                    self.sample.budget, self.sample.swap_free)
                 self.residency.step(self.reading, self._busy, self.admission.queued_bytes)
+                self._step_sandboxes()
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
 
@@ -229,13 +245,29 @@ class Engine:
         """The control period: 100 ms while calls run or wait or the domain is under pressure
         (the growth gate needs it), longer while idle, so an idle host pays for little."""
         d = self.settings.daemon
-        if self.calls or self.pending or self.reading is None or self.reading.state:
+        if self.calls or self.pending or self.sandboxes.waiting or self.reading is None or \
+                self.reading.state:
             return d.sample_period_s
         return max(d.idle_period_s, d.sample_period_s)
 
     def _sample_domain(self) -> None:
         self.sample = self.domain.sample()
         self.sampled_at = self.clock()
+
+    def _step_sandboxes(self) -> None:
+        if self.reading is None or self.sample is None:
+            return  # the first tick decides
+        self.sandboxes.step(self.reading, self.sample.used, self.calls, self._busy,
+                            self.residency.activity, self._queued_peaks)
+
+    def _queued_peaks(self) -> dict[str, int]:
+        """Predicted peak of the largest call waiting in each container."""
+        peaks: dict[str, int] = {}
+        for msg, _fut in self.pending.values():
+            cid = str(msg.get("container"))
+            peak = self.estimator.estimate(call_info(msg)).peak_bytes
+            peaks[cid] = max(peaks.get(cid, 0), peak)
+        return peaks
 
     def _busy(self) -> set[str]:
         """Containers with a tool call running or waiting."""
@@ -263,7 +295,8 @@ class Engine:
                 continue
             info = call_info(msg)
             self.calls[decision.call_id] = LiveCall(info, str(msg.get("container")),
-                                                    str(msg.get("cgroup")), self.clock())
+                                                    str(msg.get("cgroup")), self.clock(),
+                                                    extra={"charge": decision.charge_bytes})
             if not fut.done():
                 fut.set_result(decision)
             self.events.publish("admitted", call=decision.call_id, sandbox=info.sandbox,
@@ -319,6 +352,7 @@ class Engine:
         self.files.forget(call.cgroup)
         self.admission.release(cid)
         self.residency.touch(call.container)
+        self.sandboxes.call_ended(call.container, entry.get("memory_peak") if entry else None)
         self.events.publish(
             "finished", call=cid, container=call.container,
             exit_code=entry.get("exit_code") if entry else None,
@@ -341,6 +375,7 @@ class Engine:
             "admission": self.admission.snapshot(),
             "growth": self.growth.snapshot(),
             "residency": self.residency.snapshot(),
+            "sandbox_admission": self.sandboxes.snapshot(),
             "probes": self.probes.snapshot(),
             "history_calls": self.store.count(),
             "loop": self.loop.snapshot(),

@@ -76,13 +76,25 @@ def _progress_s(msg: dict[str, Any]) -> float | None:
     return min(max(float(value), 1.0), 60.0)
 
 
+def _start_sandbox_error(msg: dict[str, Any]) -> str | None:
+    """What is wrong with a start_sandbox request, naming the field, or None."""
+    for key in ("sandbox", "image"):
+        if not isinstance(msg.get(key), str) or not msg[key]:
+            return f"start_sandbox needs a string {key!r}"
+    for key in ("pod", "cgroups_path", "hostname"):
+        if not isinstance(msg.get(key, ""), str):
+            return f"start_sandbox's {key!r} must be a string"
+    return None
+
+
 class Daemon:
     def __init__(self, cfg: config_mod.Config, engine: Engine) -> None:
         self.cfg = cfg
         self.engine = engine
         self.inside: InsideAgents | None = None  # set once it listens
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
-                         "done": self.op_done, "events": self.op_events}
+                         "done": self.op_done, "events": self.op_events,
+                         "start_sandbox": self.op_start_sandbox}
 
     async def op_ping(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
         return protocol.reply(True, pid=os.getpid(), loop=self.engine.loop.snapshot())
@@ -131,6 +143,33 @@ class Daemon:
                                            forced=d.forced, probe=d.probe,
                                            overheld=d.overheld, charge=d.charge_bytes,
                                            reason=d.reason))
+            return None
+        finally:
+            hangup.cancel()
+            if not fut.done():
+                fut.cancel()
+
+    async def op_start_sandbox(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
+        """Two frames, as admit: `queued` at once, then `admitted` (verdict admitted or
+        fail-open) when the create may go on; a create that hangs up is forgotten."""
+        error = _start_sandbox_error(msg)
+        if error:
+            return protocol.reply(False, error=error)
+        try:
+            ticket, fut = self.engine.submit_sandbox(msg)
+        except ValueError as e:
+            return protocol.reply(False, error=str(e))
+        await conn.send(protocol.reply(True, queued=True, **ticket))
+        hangup = asyncio.ensure_future(conn.closed())
+        try:
+            await asyncio.wait({fut, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            if not fut.done():
+                self.engine.sandboxes.cancel(msg["sandbox"])
+                return None
+            d = fut.result()
+            await conn.send(protocol.reply(True, admitted=True, verdict=str(d.verdict),
+                                           waited_s=d.waited_s, need=d.need_bytes,
+                                           room=d.room_bytes, reason=d.reason))
             return None
         finally:
             hangup.cancel()

@@ -1,6 +1,6 @@
 """The daemon's tunables: config.toml's [daemon], [pressure], [admission], [estimate], [growth],
-[inside] and [residency] tables mapped onto the policy dataclasses, with sizes written the way
-hints write them ("512m").
+[inside], [residency] and [sandbox_admission] tables mapped onto the policy dataclasses, with
+sizes written the way hints write them ("512m").
 
 A bad value never stops the daemon: it keeps the default and the error is logged. So does a
 deprecated key (DEPRECATED): it is read under its new name, with a warning, while the new one is
@@ -20,6 +20,7 @@ from execgate.policy.estimate import EstimateConfig
 from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure import PressureConfig
 from execgate.policy.residency import ResidencyConfig
+from execgate.policy.sandbox_admission import SandboxAdmissionConfig
 
 T = TypeVar("T")
 
@@ -94,6 +95,7 @@ class Settings:
     growth: GrowthConfig
     inside: InsideConfig = InsideConfig()
     residency: ResidencyConfig = dataclasses.field(default_factory=ResidencyConfig)
+    sandboxes: SandboxAdmissionConfig = dataclasses.field(default_factory=SandboxAdmissionConfig)
 
 
 def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
@@ -222,6 +224,8 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
         growth=from_table(GrowthConfig, table("growth"), "growth", errors),
         inside=_inside(table("inside"), errors),
         residency=from_table(ResidencyConfig, table("residency"), "residency", errors),
+        sandboxes=from_table(SandboxAdmissionConfig, table("sandbox_admission"),
+                             "sandbox_admission", errors),
     )
     if settings.daemon.gate not in ("auto", "sched_ext", "freeze", "off"):
         errors.append(f"[daemon] gate: {settings.daemon.gate!r} is not auto, sched_ext, freeze "

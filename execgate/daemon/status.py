@@ -49,6 +49,8 @@ def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
             "calls": [_live_call(p, now) for p in container.tool_cgroups(cg)] if alive else [],
             # init/ frozen by residency (an idle sandbox under red pressure)
             "frozen": alive and v2.read_int(container.init_leaf(cg), "cgroup.freeze") == 1,
+            # how its create was admitted (runtime/create.py): verdict, waited_s; None: not asked
+            "start": rec.get("start"),
         })
     finished = records.tail_journal(cfg.journal, recent)
     return {"time": now, "sandboxes": sandboxes, "recent_calls": finished}

@@ -1,0 +1,295 @@
+"""Sandbox admission's hands: the daemon's side of `policy/sandbox_admission.py`.
+
+A managed container's `create` asks (`start_sandbox`) before runc create; it waits here, its
+future unresolved, until the policy says it fits or its wait is over. Every control period
+that a create waits, the domain is measured into a `DomainSnapshot`:
+
+* budget and S from the period's `PressureReading` (`pressure.effective_margin`);
+* one `LiveSandbox` per live managed sandbox in the domain (from the container records):
+  resident = its cgroup's memory.current less its running calls' memory; reclaimable = what
+  memory.reclaim could take (page cache, and anonymous memory as far as the sandbox may swap
+  and the host has swap free), counted only for a sandbox idle as long as residency waits
+  before it reclaims (`[residency] idle_after_s`): residency is what gives it back; idle_s
+  from the last tool call's start or end; next-call peak = the predicted peak of a call
+  waiting in it, else the largest call peak seen in it, else the configured default;
+* running calls' charges (at least their current memory); other = the domain's use outside
+  live sandboxes (the host's daemons, for domain "host").
+
+While nothing waits, the records are rescanned every RESCAN_S for the baselines: a sandbox's
+baseline is the larger of its resident memory before its first call and its init leaf's
+memory.peak, learned for its image when its record goes (the runtime's `delete` removes it).
+A create whose cgroup lies outside a cgroup domain is admitted at once: its memory is not the
+domain's to share. Baselines live in memory only: a restarted daemon starts from the defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from execgate.cgroups import container, v2
+from execgate.common import meminfo, records
+from execgate.policy.headroom import LiveSandbox
+from execgate.policy.pressure import PressureReading
+from execgate.policy.residency import ResidencyConfig
+from execgate.policy.sandbox_admission import (
+    DomainSnapshot,
+    SandboxAdmission,
+    SandboxAdmissionConfig,
+    SandboxDecision,
+    SandboxRequest,
+    Verdict,
+)
+
+from .events import EventBus
+
+log = logging.getLogger("execgated")
+
+RESCAN_S = 2.0  # records (and baselines) are re-read at most this often while nothing waits
+
+
+def cgroup_dir(cgroups_path: str, root: str = v2.ROOT) -> str | None:
+    """The cgroupfs directory a spec's linux.cgroupsPath names (runc's two grammars:
+    "slice:prefix:name" for the systemd driver, a path for cgroupfs); None when not said."""
+    if not cgroups_path:
+        return None
+    parts = cgroups_path.split(":")
+    if len(parts) == 3 and not cgroups_path.startswith("/"):
+        slice_, prefix, name = parts
+        slice_ = slice_ or "system.slice"
+        stem = slice_.removesuffix(".slice")
+        dirs = ["-".join(stem.split("-")[:i + 1]) + ".slice" for i in range(len(stem.split("-")))]
+        if slice_ == "-.slice":
+            dirs = []
+        unit = name if name.endswith(".slice") else (f"{prefix}-{name}.scope" if prefix
+                                                     else f"{name}.scope")
+        return os.path.join(root, *dirs, unit)
+    return os.path.join(root, cgroups_path.lstrip("/"))
+
+
+def within(path: str, domain: str) -> bool:
+    path, domain = os.path.normpath(path), os.path.normpath(domain)
+    return path == domain or path.startswith(domain + "/")
+
+
+def reclaimable_bytes(cg: str, host_swap_free: int) -> int:
+    """What memory.reclaim could take from a sandbox now: its page cache, and its anonymous
+    memory as far as its memory.swap.max and the host's free swap let it go."""
+    stat = v2.read_keyed(cg, "memory.stat")
+    file_bytes = stat.get("file", 0)
+    anon = stat.get("anon", 0)
+    if anon <= 0 or host_swap_free <= 0:
+        return file_bytes
+    try:
+        raw = v2.read(cg, "memory.swap.max").strip()
+    except OSError:
+        return file_bytes
+    room = host_swap_free
+    if raw != "max":
+        room = min(room, max(int(raw) - (v2.read_int(cg, "memory.swap.current") or 0), 0))
+    return file_bytes + min(anon, room)
+
+
+@dataclass
+class Box:
+    """A live managed sandbox, as sandbox admission follows it."""
+
+    cid: str
+    cgroup: str
+    image: str
+    created: float  # on the daemon's clock
+    baseline: int = 0  # bytes outside calls: max(resident before its first call, init peak)
+    call_peak: int | None = None  # the largest tool-call peak seen in it
+    called: bool = False  # a tool call has come: its resident bytes include calls' leftovers
+
+
+class Sandboxes:
+    """Waiting creates, the live sandboxes of the domain, and the policy between them."""
+
+    def __init__(self, cfg: SandboxAdmissionConfig, residency: ResidencyConfig, state_dir: str,
+                 domain: str | None, events: EventBus,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.residency = residency
+        self.domain = domain  # a cgroup directory, or None for the host
+        self.events = events
+        self.clock = clock
+        self.policy = SandboxAdmission(cfg, clock)
+        self.index = records.ContainerIndex(state_dir)
+        self.boxes: dict[str, Box] = {}
+        self.waiting: dict[str, tuple[dict[str, Any], asyncio.Future[SandboxDecision]]] = {}
+        self.scanned_at = -math.inf
+        self.stats = {"outside_domain": 0, "cancelled": 0}
+        self.last: DomainSnapshot | None = None
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(self, msg: dict[str, Any]) -> tuple[dict[str, Any], asyncio.Future[SandboxDecision]]:
+        """Queue a create (`start_sandbox`); ValueError when that sandbox already asked."""
+        sid, image = msg["sandbox"], msg["image"]
+        fut: asyncio.Future[SandboxDecision] = asyncio.get_running_loop().create_future()
+        answer: dict[str, Any] = {"max_wait_s": self.cfg.max_start_wait_s}
+        target = cgroup_dir(str(msg.get("cgroups_path") or ""))
+        if self.domain is not None and target is not None and not within(target, self.domain):
+            self.stats["outside_domain"] += 1
+            fut.set_result(SandboxDecision(sid, Verdict.ADMITTED, 0.0, 0, 0, 0, 0,
+                                           f"admitted: {target} is outside the domain"))
+            return answer, fut
+        if sid not in self.waiting:  # the same container again (a restart): a new start
+            self.policy.cancel(sid)
+        ticket = self.policy.submit(SandboxRequest(sid, image, arrival=self.clock()))
+        self.waiting[sid] = (msg, fut)
+        pred = ticket.prediction
+        self.events.publish("queued", of="sandbox", sandbox=sid, image=image,
+                            baseline=pred.baseline_bytes, peak=pred.call_peak_bytes,
+                            source=pred.source)
+        return {**answer, "baseline": pred.baseline_bytes, "peak": pred.call_peak_bytes,
+                "source": pred.source}, fut
+
+    def cancel(self, sid: str) -> None:
+        """The create hung up while it waited: it will not start now."""
+        if self.waiting.pop(sid, None) is not None:
+            self.policy.cancel(sid)
+            self.stats["cancelled"] += 1
+            self.events.publish("cancelled", of="sandbox", sandbox=sid)
+
+    def call_arrived(self, cid: str | None) -> None:
+        """A tool call came in this sandbox: it has reached its baseline (`settled`)."""
+        if not cid:
+            return
+        self.policy.settled(cid)
+        box = self.boxes.get(cid)
+        if box is not None:
+            box.called = True
+
+    def call_ended(self, cid: str, peak: object) -> None:
+        box = self.boxes.get(cid)
+        if box is not None and isinstance(peak, int):
+            box.call_peak = max(box.call_peak or 0, peak)
+
+    # -- every control period ------------------------------------------------------------------
+
+    def step(self, reading: PressureReading, used: int, calls: Mapping[str, Any],
+             busy: Callable[[], Iterable[str]], activity: Mapping[str, float],
+             queued_peaks: Callable[[], Mapping[str, int]]) -> None:
+        """calls: the engine's LiveCalls by id (container, last_mem, extra["charge"]); busy:
+        containers with a call running or waiting; activity: last call start or end by
+        container (residency's); queued_peaks: predicted peak of calls waiting, by container.
+        Cheap while no create waits: a rescan every RESCAN_S."""
+        now = self.clock()
+        if not self.waiting:
+            if now - self.scanned_at >= RESCAN_S:
+                self._rescan(now, calls)
+            self.policy.step(DomainSnapshot(reading.budget, reading.safety_margin))
+            return
+        self._rescan(now, calls)
+        snap = self._snapshot(reading, used, calls, set(busy()), activity, queued_peaks())
+        self.last = snap
+        for d in self.policy.step(snap):
+            if not d.start:
+                continue
+            _msg, fut = self.waiting.pop(d.sandbox_id, (None, None))
+            if fut is not None and not fut.done():
+                fut.set_result(d)
+            self.events.publish("admitted", of="sandbox", sandbox=d.sandbox_id,
+                                verdict=str(d.verdict), waited_s=round(d.waited_s, 3),
+                                need=d.need_bytes, room=d.room_bytes, reason=d.reason)
+            if d.verdict is Verdict.FAIL_OPEN:
+                log.warning("sandbox %s starts unadmitted: %s", d.sandbox_id[:12], d.reason)
+            elif d.waited_s >= 0.5:
+                log.info("sandbox %s waited %.1f s to start: %s", d.sandbox_id[:12],
+                         d.waited_s, d.reason)
+
+    def _snapshot(self, reading: PressureReading, used: int, calls: Mapping[str, Any],
+                  busy: set[str], activity: Mapping[str, float],
+                  queued: Mapping[str, int]) -> DomainSnapshot:
+        now = self.clock()
+        res = self.residency
+        pushes = res.enabled and res.reclaim
+        swap_free = _host_swap_free() if pushes else 0
+        in_calls: dict[str, int] = {}
+        for c in calls.values():
+            in_calls[c.container] = in_calls.get(c.container, 0) + c.last_mem
+        live, total = [], 0
+        for box in self.boxes.values():
+            mem = v2.read_int(box.cgroup, "memory.current")
+            if mem is None:
+                continue  # gone: its record goes at the next rescan
+            total += mem
+            resident = max(mem - in_calls.get(box.cid, 0), 0)
+            idle: float | None = None
+            if pushes and box.cid not in busy:
+                idle = now - max(activity.get(box.cid, box.created), box.created)
+                if idle < res.idle_after_s:
+                    idle = None  # residency gives back only what has been idle this long
+            reclaim = reclaimable_bytes(box.cgroup, swap_free) if idle is not None else 0
+            peak = queued.get(box.cid) or box.call_peak or self.cfg.default_call_peak_bytes
+            live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak))
+        running = [max(int(c.extra.get("charge") or 0), c.last_mem) for c in calls.values()]
+        return DomainSnapshot(reading.budget, reading.safety_margin, live, running,
+                              max(used - total, 0))
+
+    def _rescan(self, now: float, calls: Mapping[str, Any]) -> None:
+        """Follow the records: new sandboxes join, removed ones teach their image's baseline."""
+        self.scanned_at = now
+        seen = set()
+        in_calls: dict[str, int] = {}
+        for c in calls.values():
+            in_calls[c.container] = in_calls.get(c.container, 0) + c.last_mem
+        for rec in self.index.records():
+            cg = rec.get("cgroup")
+            if not rec.get("managed") or not cg or (self.domain and not within(cg, self.domain)):
+                continue
+            cid = rec["id"]
+            seen.add(cid)
+            box = self.boxes.get(cid)
+            if box is None:
+                created = now - max(time.time() - float(rec.get("created") or 0), 0.0)
+                box = self.boxes[cid] = Box(cid, cg, str(rec.get("image") or "default"), created)
+            box.cgroup = cg  # a restarted container may have a new one
+            self._measure(box, in_calls.get(cid, 0))
+        for cid in set(self.boxes) - seen:
+            box = self.boxes.pop(cid)
+            self.policy.finished(cid, box.image, box.baseline or None, box.call_peak)
+            self.events.publish("finished", of="sandbox", sandbox=cid, image=box.image,
+                                baseline=box.baseline, call_peak=box.call_peak)
+
+    @staticmethod
+    def _measure(box: Box, in_calls: int) -> None:
+        peak = v2.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
+        if not box.called:
+            mem = v2.read_int(box.cgroup, "memory.current")
+            if mem is not None:
+                peak = max(peak, mem - in_calls)
+        box.baseline = max(box.baseline, peak)
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.policy.snapshot()
+        last = self.last
+        return {**snap, "enabled": self.cfg.enabled, **self.stats,
+                "live": len(self.boxes),
+                "domain": None if last is None else {
+                    "budget": last.budget_bytes, "margin": last.margin_bytes,
+                    "running_call_bytes": sum(last.running_call_bytes),
+                    "other_bytes": last.other_bytes,
+                    "sandboxes": {s.sandbox_id: {"resident": s.resident_bytes,
+                                                 "reclaimable": s.reclaimable_bytes,
+                                                 "idle_s": s.idle_s,
+                                                 "next_call_peak": s.next_call_peak_bytes}
+                                  for s in last.sandboxes}}}
+
+
+def _host_swap_free() -> int:
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            return meminfo.field(f.read(), "SwapFree") or 0
+    except OSError:
+        return 0

@@ -1,0 +1,132 @@
+"""Sandbox admission (issue 15 §1): a managed container's create waits, before runc create,
+until its predicted baseline and room for one call fit; a dead daemon or an expired wait lets
+it through (fail open, counted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from conftest import (
+    IMAGE,
+    RUNTIME,
+    Containers,
+    container_cgroup,
+    ctl_status,
+    docker,
+    memory_domain,
+    systemctl,
+    wait_for,
+)
+
+SLICE = "egsa.slice"
+MiB = 1 << 20
+BUDGET = 256 * MiB  # S = 32 MiB (1/8 of it): room 224 MiB
+FILL_MIB = 150  # the filler's init holds this: 150 + 64 baseline + 32 one call > 224
+# A new image's baseline and a sandbox's next call before any history; residency gives nothing
+# back within the test (idle_after_s), so the filler's memory is pinned.
+CONFIG = ('[sandbox_admission]\ndefault_baseline_bytes = "64m"\n'
+          'default_call_peak_bytes = "32m"\nmax_start_wait_s = {wait}\n'
+          "[residency]\nidle_after_s = 600.0\n")
+FILLER = ("memload", "--peak-mib", str(FILL_MIB), "--duration", "3600", "--hold", "3600")
+
+
+def _admission() -> dict:
+    return ctl_status()["daemon"]["sandbox_admission"]
+
+
+def _start_of(cid: str) -> dict:
+    """How the runtime's create of cid was admitted (its record, as status shows it)."""
+    [box] = [b for b in ctl_status()["sandboxes"] if b["id"] == cid]
+    return box["start"] or {}
+
+
+def _memory(cg: str) -> int:
+    with open(os.path.join(cg, "memory.current")) as f:
+        return int(f.read())
+
+
+def _fill(containers: Containers) -> str:
+    """A sandbox whose init holds FILL_MIB in the slice (admitted: the slice has room)."""
+    filler = containers.run("--cgroup-parent", SLICE, cmd=FILLER)
+    cg = container_cgroup(filler)
+    wait_for(lambda: _memory(cg) >= (FILL_MIB - 10) * MiB, timeout=120, interval=0.2,
+             what=f"the filler to hold {FILL_MIB} MiB")
+    return filler
+
+
+def _create(containers: Containers, name: str) -> subprocess.Popen[bytes]:
+    """`docker run` in the slice, in the background: it returns once the create is let through."""
+    containers.ids.append(name)
+    return subprocess.Popen(["docker", "run", "-d", "--name", name, "--runtime", RUNTIME,
+                             "--cgroup-parent", SLICE, IMAGE, "sleep", "inf"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _finish(proc: subprocess.Popen[bytes], timeout: float = 180) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, (out, err)
+    return out.decode().strip()
+
+
+def _waiting() -> dict | None:
+    """The one create waiting, as status shows it. Not looked up by `docker inspect`: moby
+    holds the container's lock through its start, so inspect waits as long as the create."""
+    waiting = _admission()["waiting"]
+    assert len(waiting) <= 1, waiting
+    return waiting[0] if waiting else None
+
+
+def test_a_create_waits_for_room_and_starts_when_a_sandbox_leaves(
+        containers: Containers) -> None:
+    with memory_domain(containers, SLICE, BUDGET, 1, CONFIG.format(wait=100.0)):
+        filler = _fill(containers)
+        t0 = time.monotonic()
+        proc = _create(containers, "egsa-second")
+        w = wait_for(_waiting, timeout=120, interval=0.5, what="the second create waiting")
+        print(f"waiting: {w['reason']}")
+        assert "short" in w["reason"] and w["baseline_bytes"] == 64 * MiB, w
+        time.sleep(3)  # it keeps waiting while the filler is there
+        still = _waiting()
+        assert proc.poll() is None and still and still["sandbox_id"] == w["sandbox_id"], still
+        docker("rm", "-f", filler)
+        containers.ids.remove(filler)
+        cid = _finish(proc)
+        assert cid == w["sandbox_id"]
+        waited = time.monotonic() - t0
+        start = _start_of(cid)
+        assert start["admitted"] is True and start["verdict"] == "admitted", start
+        assert start["waited_s"] >= 3, start
+        print(f"second create waited {start['waited_s']:.1f} s (docker run {waited:.1f} s)")
+        # It runs normally.
+        out = docker("exec", cid, "sh", "-c", "echo ok; echo $((6 * 7))")
+        assert out.stdout == b"ok\n42\n" and out.stderr == b"", out
+        sa = _admission()
+        assert sa["waiting"] == [] and sa["totals"]["admitted"] >= 2, sa
+        assert sa["totals"]["fail-open"] == 0, sa
+        # The filler's baseline is learned for its image, the wait is in the daemon's log.
+        assert sa["images"]["cmd:memload"]["baseline_bytes"] >= (FILL_MIB - 10) * MiB, sa
+        logged = subprocess.run(["journalctl", "-u", "execgated", "-o", "cat", "--no-pager",
+                                 "-n", "200"], capture_output=True, text=True, timeout=60)
+        assert f"sandbox {cid[:12]} waited" in logged.stdout, logged.stdout[-2000:]
+
+
+def test_an_expired_wait_and_a_dead_daemon_let_creates_through(containers: Containers) -> None:
+    with memory_domain(containers, SLICE, BUDGET, 1, CONFIG.format(wait=10.0)):
+        _fill(containers)
+        cid = _finish(_create(containers, "egsa-late"))
+        start = _start_of(cid)
+        assert start["admitted"] is True and start["verdict"] == "fail-open", start
+        assert start["waited_s"] >= 9, start
+        assert _admission()["totals"]["fail-open"] == 1
+        out = docker("exec", cid, "echo", "late")
+        assert out.stdout == b"late\n", out
+        # A dead daemon never holds a create: it starts at once, unadmitted, and says so.
+        systemctl("stop", "execgated")
+        dead = containers.run("--cgroup-parent", SLICE)
+        start = _start_of(dead)
+        assert start["admitted"] is False and start["verdict"] == "no-daemon", start
+        assert start["waited_s"] == 0.0
+        out = docker("exec", dead, "echo", "alone")
+        assert out.stdout == b"alone\n", out

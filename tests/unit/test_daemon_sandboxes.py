@@ -1,0 +1,304 @@
+"""Sandbox admission wired: the `start_sandbox` op, the snapshot the daemon builds for the
+policy on a temp cgroupfs domain (container records, memory files), the runtime's client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from test_daemon_engine import Clock
+
+from execgate.common import records
+from execgate.common.config import Config
+from execgate.daemon import settings
+from execgate.daemon.engine import Engine, LiveCall
+from execgate.daemon.main import Daemon, _start_sandbox_error
+from execgate.daemon.sandboxes import cgroup_dir, reclaimable_bytes, within
+from execgate.oci.bundle import Bundle
+from execgate.policy.estimate import CallInfo
+from execgate.runtime import start_admit
+from execgate.runtime.create import image_key
+
+MiB = 1 << 20
+BUDGET = 256 * MiB  # S = 32 MiB (1/8): room 224 MiB
+
+
+class FakeConn:
+    """The op's connection: frames sent, and a hang-up the test can cause."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.hung_up = asyncio.Event()
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        self.frames.append(msg)
+
+    async def closed(self) -> None:
+        await self.hung_up.wait()
+
+
+def _write(path: Path, name: str, value: object) -> None:
+    (path / name).write_text(f"{value}\n")
+
+
+class Bed:
+    """An engine on a temp domain holding sandbox cgroups, with their container records."""
+
+    def __init__(self, tmp: Path, **table: Any) -> None:
+        self.tmp = tmp
+        self.dom = tmp / "domain"
+        self.dom.mkdir()
+        _write(self.dom, "memory.max", BUDGET)
+        _write(self.dom, "memory.current", 8 * MiB)
+        self.state = tmp / "state"
+        cfg = Config(state_dir=str(self.state), journal=str(tmp / "calls.jsonl"), tables={
+            "daemon": {"domain": str(self.dom), "store": str(tmp / "h.sqlite")},
+            "sandbox_admission": {"default_baseline_bytes": "48m",
+                                  "default_call_peak_bytes": "32m", **table},
+            "residency": {"idle_after_s": 600.0}})
+        s, errors = settings.load(cfg)
+        assert errors == []
+        self.clock = Clock()
+        self.engine = Engine(cfg, s, self.clock)
+        self.daemon = Daemon(cfg, self.engine)
+
+    def sandbox(self, cid: str, mem: int, image: str = "cmd:memload", **stat: int) -> Path:
+        cg = self.dom / cid
+        cg.mkdir()
+        _write(cg, "memory.current", mem)
+        (cg / "memory.stat").write_text("".join(f"{k} {v}\n" for k, v in stat.items()))
+        records.save_container(str(self.state), {"id": cid, "managed": True, "cgroup": str(cg),
+                                                 "image": image, "created": time.time()})
+        _write(self.dom, "memory.current", 8 * MiB + mem)
+        return cg
+
+    def remove(self, cid: str) -> None:
+        records.remove_container(str(self.state), cid)
+        for f in (self.dom / cid).iterdir():
+            f.unlink()
+        (self.dom / cid).rmdir()
+        _write(self.dom, "memory.current", 8 * MiB)
+
+    async def start(self, cid: str, **extra: Any) -> tuple[asyncio.Task[Any], FakeConn]:
+        """A create asking, as the runtime does; its first frame is in conn.frames."""
+        conn = FakeConn()
+        msg = {"v": 1, "op": "start_sandbox", "sandbox": cid, "image": "cmd:sleep",
+               "cgroups_path": "", **extra}
+        task = asyncio.create_task(self.daemon.op_start_sandbox(msg, conn))  # type: ignore[arg-type]
+        for _ in range(50):
+            await asyncio.sleep(0)
+            if conn.frames:
+                break
+        return task, conn
+
+    def waiting(self) -> list[dict[str, Any]]:
+        return self.engine.snapshot()["sandbox_admission"]["waiting"]
+
+
+def test_start_sandbox_fields_are_checked_by_name() -> None:
+    assert "'sandbox'" in (_start_sandbox_error({"image": "x"}) or "")
+    assert "'image'" in (_start_sandbox_error({"sandbox": "c", "image": ""}) or "")
+    assert "'cgroups_path'" in (_start_sandbox_error(
+        {"sandbox": "c", "image": "x", "cgroups_path": 3}) or "")
+    assert _start_sandbox_error({"sandbox": "c", "image": "x", "cgroups_path": "/a",
+                                 "pod": "p", "hostname": "h"}) is None
+
+
+def test_a_bad_request_is_refused_and_queues_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        answer = await bed.daemon.op_start_sandbox({"sandbox": ["c"], "image": "x"},
+                                                   FakeConn())  # type: ignore[arg-type]
+        assert answer is not None and answer["ok"] is False and "'sandbox'" in answer["error"]
+        assert bed.waiting() == []
+
+    asyncio.run(scenario())
+
+
+def test_a_create_waits_for_room_and_starts_when_the_other_sandbox_goes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        events = bed.engine.events.subscribe()
+        bed.sandbox("filler", 170 * MiB)
+        bed.engine.tick()
+        task, conn = await bed.start("new")
+        assert conn.frames[0]["queued"] is True and conn.frames[0]["max_wait_s"] == 100.0
+        assert conn.frames[0]["baseline"] == 48 * MiB  # no history: the default
+        # 170 MiB resident + 48 MiB baseline + 32 MiB one call > 224 MiB
+        [w] = bed.waiting()
+        assert w["sandbox_id"] == "new" and "short" in w["reason"], w
+        bed.clock.t += 3
+        bed.engine.tick()
+        assert not task.done() and len(conn.frames) == 1
+        bed.remove("filler")
+        bed.clock.t += 1
+        bed.engine.tick()
+        await asyncio.wait_for(task, 1)
+        final = conn.frames[1]
+        assert final["admitted"] is True and final["verdict"] == "admitted", final
+        assert final["waited_s"] == 4.0 and bed.waiting() == []
+        kinds = []
+        while not events.empty():
+            e = events.get_nowait()
+            if e.get("of") == "sandbox":
+                kinds.append(e["event"])
+        assert kinds == ["queued", "finished", "admitted"], kinds
+        # The filler's baseline (what it held before any call) is learned for its image.
+        pred = bed.engine.sandboxes.policy.model.predict("cmd:memload")
+        assert pred.baseline_bytes == 170 * MiB and pred.source.startswith("image-history")
+        assert bed.engine.snapshot()["sandbox_admission"]["totals"]["admitted"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_expired_wait_starts_the_create_and_is_counted_fail_open(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path, max_start_wait_s=5.0)
+        bed.sandbox("filler", 200 * MiB)
+        bed.engine.tick()
+        task, conn = await bed.start("new")
+        assert conn.frames[0]["max_wait_s"] == 5.0
+        bed.clock.t += 5
+        bed.engine.tick()
+        await asyncio.wait_for(task, 1)
+        assert conn.frames[1]["verdict"] == "fail-open", conn.frames[1]
+        assert bed.engine.snapshot()["sandbox_admission"]["totals"]["fail-open"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_create_that_hangs_up_is_forgotten(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("filler", 200 * MiB)
+        bed.engine.tick()
+        task, conn = await bed.start("new")
+        assert len(bed.waiting()) == 1
+        conn.hung_up.set()
+        assert await asyncio.wait_for(task, 1) is None
+        assert bed.waiting() == [] and bed.engine.sandboxes.stats["cancelled"] == 1
+        # The same sandbox may ask again (its create was retried).
+        task, conn = await bed.start("new")
+        assert conn.frames[0]["queued"] is True
+        conn.hung_up.set()
+        await asyncio.wait_for(task, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_container_asks_again_and_is_admitted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.engine.tick()
+        for _ in range(2):  # the second create comes within settle_s of the first
+            task, conn = await bed.start("box")
+            await asyncio.wait_for(task, 1)
+            assert conn.frames[1]["verdict"] == "admitted", conn.frames
+
+    asyncio.run(scenario())
+
+
+def test_the_snapshot_counts_calls_by_charge_and_sandboxes_without_them(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("a", 150 * MiB)
+        bed.engine.tick()
+        info = CallInfo(call_id="tool-1", sandbox="a", argv=["pytest"])
+        call = LiveCall(info, "a", str(bed.dom / "a" / "tool-1"), bed.clock(),
+                        extra={"charge": 80 * MiB})
+        call.last_mem = 50 * MiB
+        bed.engine.calls["tool-1"] = call
+        bed.engine.sandboxes.call_ended("a", 40 * MiB)  # an earlier call peaked at 40 MiB
+        task, conn = await bed.start("new")
+        snap = bed.engine.sandboxes.last
+        assert snap is not None and snap.budget_bytes == BUDGET and snap.margin_bytes == 32 * MiB
+        [box] = snap.sandboxes
+        assert box.sandbox_id == "a" and box.resident_bytes == 100 * MiB
+        assert box.idle_s is None and box.next_call_peak_bytes == 40 * MiB
+        assert list(snap.running_call_bytes) == [80 * MiB] and snap.other_bytes == 8 * MiB
+        conn.hung_up.set()
+        await asyncio.wait_for(task, 1)
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_sandbox_counts_what_it_can_give_back(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("idle", 200 * MiB, file=150 * MiB, anon=50 * MiB)
+        bed.engine.tick()
+        task, conn = await bed.start("new")
+        assert len(conn.frames) == 1  # idle < [residency] idle_after_s: 200 MiB pinned
+        bed.clock.t += 601
+        bed.engine.tick()
+        await asyncio.wait_for(task, 1)
+        assert conn.frames[1]["verdict"] == "admitted"  # 50 MiB pinned: 48 + 32 fit
+        [box] = bed.engine.sandboxes.last.sandboxes  # type: ignore[union-attr]
+        assert box.reclaimable_bytes == 150 * MiB and box.idle_s is not None
+
+    asyncio.run(scenario())
+
+
+def test_a_create_outside_a_cgroup_domain_is_admitted_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("filler", 220 * MiB)
+        bed.engine.tick()
+        task, conn = await bed.start("new", cgroups_path="other.slice:docker:new")
+        await asyncio.wait_for(task, 1)
+        assert conn.frames[1]["admitted"] is True and "outside" in conn.frames[1]["reason"]
+        assert bed.engine.sandboxes.stats["outside_domain"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_cgroups_paths_resolve_as_runc_does() -> None:
+    assert cgroup_dir("a-b.slice:docker:x", "/cg") == "/cg/a.slice/a-b.slice/docker-x.scope"
+    assert cgroup_dir(":docker:x", "/cg") == "/cg/system.slice/docker-x.scope"
+    assert cgroup_dir("/docker/x", "/cg") == "/cg/docker/x"
+    assert cgroup_dir("", "/cg") is None
+    assert within("/cg/a.slice/x", "/cg/a.slice/") and not within("/cg/a.slicex", "/cg/a.slice")
+
+
+def test_reclaimable_is_cache_and_swappable_anon(tmp_path: Path) -> None:
+    cg = tmp_path / "box"
+    cg.mkdir()
+    (cg / "memory.stat").write_text(f"anon {100 * MiB}\nfile {30 * MiB}\n")
+    assert reclaimable_bytes(str(cg), 0) == 30 * MiB  # no swap: cache only
+    assert reclaimable_bytes(str(cg), 1 << 30) == 30 * MiB  # no memory.swap.max file
+    _write(cg, "memory.swap.max", 40 * MiB)
+    _write(cg, "memory.swap.current", 10 * MiB)
+    assert reclaimable_bytes(str(cg), 1 << 30) == 60 * MiB
+    _write(cg, "memory.swap.max", "max")
+    assert reclaimable_bytes(str(cg), 20 * MiB) == 50 * MiB
+
+
+def test_image_key_prefers_annotations_then_the_init_program() -> None:
+    spec = Bundle(path="/b", annotations={"io.kubernetes.cri.image-name": "docker.io/a:1"},
+                  args=["/bin/sleep", "inf"])
+    assert image_key(spec) == "docker.io/a:1"
+    spec.annotations["execgate.image"] = "agent"
+    assert image_key(spec) == "agent"
+    assert image_key(Bundle(path="/b", args=["/usr/bin/memload", "-x"])) == "cmd:memload"
+    assert image_key(Bundle(path="/b")) == "default"
+
+
+def test_the_runtime_fails_open_on_a_silent_daemon(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(srv.accept()[0]), daemon=True).start()
+    t0 = time.monotonic()
+    answer, why = start_admit.ask(path, 0.2, {"sandbox": "c", "image": "x"})
+    assert answer is None and "unavailable" in why and time.monotonic() - t0 < 2
+    srv.close()
+    for s in held:
+        s.close()
+    os.unlink(path)
