@@ -58,10 +58,10 @@ from typing import Any
 from bench.metrics import percentile
 from execgate.cgroups import container as layout
 from execgate.common import meminfo, protocol, records
+from execgate.common.units import MiB
 from execgate.oci.runclog import RuncLog
 from execgate.runtime import admit
 
-MiB = 1 << 20
 RUNNING_HINT = 4 * MiB  # declared peak of every running call
 RUNNING_CURRENT = 2 * MiB  # what each running call's memory.current says
 PROBE_HINT = 1 * MiB

@@ -40,9 +40,9 @@ from bench.trace import (
     memory_curve,
     write_tasks,
 )
+from execgate.common.units import MiB
 
 MB = 1_000_000  # the characterisation's "MB" (docker stats' decimal unit)
-MiB = 1 << 20
 HEAVY = ("test", "install", "build")
 LIGHT = ("light", "edit")
 

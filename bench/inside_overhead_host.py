@@ -32,11 +32,10 @@ from typing import Any
 from bench.inside_overhead import against_plain
 from execgate.cgroups import v2
 from execgate.common.config import Config
+from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine
 from execgate.daemon.inside.agents import InsideAgents
-
-MiB = 1 << 20
 
 
 def one_run(root: Path, n: int, place_after_ms: float | None,

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MiB = 1 << 20
+from execgate.common.units import MiB
+
 # Scheme colours, stable across plots; unknown schemes cycle through the rest.
 COLOURS = {"eager": "#d62728", "eager+swap": "#ff9896", "static": "#7f7f7f",
            "reserve": "#9467bd", "agentcgroup": "#ff7f0e", "execgate": "#2ca02c",

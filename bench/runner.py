@@ -23,7 +23,6 @@ from bench import swap as swap_mod
 from bench.host import LABEL, Host, Log, oom_kill_count
 from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
 from bench.schemes import (
-    MiB,
     Scheme,
     Workload,
     admit_fifo,
@@ -34,6 +33,7 @@ from bench.schemes import (
     sandbox_command,
 )
 from bench.trace import LlmWait, Task, ToolCall, profiled_peak
+from execgate.common.units import MiB
 
 OOM_EXIT = 137
 TAG = "[execgate]"  # the runtime's and daemon's lines on a call's stderr (calls.feedback.TAG)

@@ -36,8 +36,7 @@ from bench.trace import (
     profiled_peak,
     scale_time,
 )
-
-MiB = 1 << 20
+from execgate.common.units import MiB
 
 # ---------------------------------------------------------------------------------------------
 # Schemes

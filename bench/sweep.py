@@ -26,7 +26,6 @@ from bench.host import BenchError, Host, Log
 from bench.metrics import RETRY_LIMIT
 from bench.runner import RunSettings, run_scheme
 from bench.schemes import (
-    MiB,
     Scheme,
     Workload,
     arrival_schedule,
@@ -39,6 +38,7 @@ from bench.schemes import (
 )
 from bench.trace import Task, load_tasks, profiled_peak, save_tasks
 from execgate.common.hints import parse_size
+from execgate.common.units import MiB
 
 RESULTS_FORMAT = "execgate-bench-results/1"
 

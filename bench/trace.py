@@ -22,8 +22,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, TextIO
 
+from execgate.common.units import MiB
+
 FORMAT = "execgate-trace/1"
-MiB = 1 << 20
 
 # Shape vocabulary; kept tiny so memload.c can mirror it exactly.
 SHAPES = ("ramp", "spike", "plateau", "sawtooth")

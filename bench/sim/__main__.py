@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.generate import generate
 from bench.metrics import RETRY_LIMIT
-from bench.schemes import MiB, arrival_schedule, bench_config, oversubscription
+from bench.schemes import arrival_schedule, bench_config, oversubscription
 from bench.sim import policy_rev
 from bench.sim import schemes as sim_schemes
 from bench.sim.cost import CostModel, fit_results, fixed, load_results
@@ -31,6 +31,7 @@ from bench.sim.memory import MemoryConfig
 from bench.sim.run import SimSettings, simulate
 from bench.sim.validate import cost_lines, summary, table, tasks_of, validate
 from execgate.common.hints import parse_size
+from execgate.common.units import MiB
 
 
 def _write(out: str | None, name: str, text: str) -> None:

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from bench.trace import MemoryProfile, memory_at
+from execgate.common.units import MiB
 
-MiB = 1 << 20
 SLACK = 1.0  # bytes: curves are floats, a kill is never for rounding
 
 

@@ -17,7 +17,8 @@ import math
 
 from execgate.common import commands
 from execgate.common.commands import NODE_PMS
-from execgate.common.hints import ENV_NAME, GiB, MiB, escape, quote
+from execgate.common.hints import ENV_NAME, escape, quote
+from execgate.common.units import GiB, MiB
 
 TAG = "[execgate]"
 MAX_LINE = 160

@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from execgate.common.units import GiB, MiB
+
 ENV_NAME = "AGENT_RESOURCE_HINT"
 MAX_LEN = 1024
-MiB = 1 << 20
-GiB = 1 << 30
 # Far above any real machine; keeps values inside u64 cgroup files and int64 wire formats.
 MAX_BYTES = 1 << 60
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from execgate.calls import oom_score
 from execgate.cgroups import v2
+from execgate.common.units import MiB
 from execgate.policy.growth import CallSummary, GrowthConfig, GrowthController, Sample, Victim
 from execgate.policy.pressure import PressureConfig
 from execgate.policy.pressure_state import Pressure
@@ -33,7 +34,6 @@ RELOAD_AFTER_S = 30.0
 HEALTH_EVERY_S = 1.0
 
 
-MiB = 1 << 20
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")  # the probes count faults, the controller bytes
 
 

@@ -58,11 +58,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from execgate.common.units import GiB, MiB
 from execgate.policy.estimate import CallInfo, Demand, Estimator
 from execgate.policy.headroom import NoForce, no_force
 from execgate.policy.pressure import (
-    GiB,
-    MiB,
     PressureReading,
     fmt_bytes,
     predicted_remaining_growth,

@@ -44,12 +44,9 @@ from execgate.common.commands import (
     TEST,
     classify_command,
 )
-
-MiB = 1 << 20
-GiB = 1 << 30
+from execgate.common.units import GiB, MiB
 
 PRIORITIES = ("high", "normal", "low")
-
 
 
 @dataclass(frozen=True)

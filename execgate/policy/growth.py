@@ -61,10 +61,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from execgate.common.units import MiB
 from execgate.policy.pressure import PressureConfig, effective_margin
 from execgate.policy.pressure_state import Pressure
-
-MiB = 1 << 20
 
 # The kernel's ceiling on the sched_ext watchdog timeout (SCX_WATCHDOG_MAX_TIMEOUT = 30 s): the
 # hold cap must stay below it or a parked task gets the scheduler ejected.

@@ -31,10 +31,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from execgate.common.units import GiB, KiB, MiB
 from execgate.policy.pressure_state import Pressure
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -108,7 +106,7 @@ def fmt_bytes(n: float) -> str:
     """Short human form for reasons: 512 MiB, 1.5 GiB, 300 B."""
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= size:
             value = n / size
             text = f"{value:.0f}" if value == int(value) else f"{value:.1f}"

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
+from execgate.common.units import MiB
+
 SRC = Path(os.environ.get("EXECGATE_SRC") or next(
     p for p in Path(__file__).resolve().parents if (p / "bench" / "replay.py").exists()))
 RESULTS = Path(os.environ.get("EXECGATE_RESULTS") or "/tmp")
 CONFIG = "/etc/execgate/config.toml"
-MiB = 1 << 20
 N_TASKS, CALL_MIB, HOLD_S, BUDGET = 4, 250, 6.0, "640m"
 METRIC_KEYS = (
     "tasks_total", "tasks_completed", "tasks_failed", "attempts", "failed_attempts",

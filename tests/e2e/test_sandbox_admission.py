@@ -20,8 +20,9 @@ from conftest import (
     wait_for,
 )
 
+from execgate.common.units import MiB
+
 SLICE = "egsa.slice"
-MiB = 1 << 20
 BUDGET = 256 * MiB  # S = 32 MiB (1/8 of it): room 224 MiB
 FILL_MIB = 150  # the filler's init holds this: 150 + 64 baseline + 32 one call > 224
 # A new image's baseline and a sandbox's next call before any history; residency gives nothing

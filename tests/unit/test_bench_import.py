@@ -24,10 +24,10 @@ from bench.agentcgroup_import import (
     parse_utc,
 )
 from bench.trace import LlmWait, ToolCall, load_tasks, profiled_peak
+from execgate.common.units import MiB
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agentcgroup" / "attempt1"
 MB = 1_000_000
-MiB = 1 << 20
 EPOCH = 1735725600  # 2025-01-01T10:00:00Z, the fixture's first sample
 
 

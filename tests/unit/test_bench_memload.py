@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from execgate.common.units import MiB
+
 SOURCE = Path(__file__).resolve().parents[2] / "bench" / "load" / "memload.c"
-MiB = 1 << 20
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 

@@ -11,8 +11,7 @@ import pytest
 
 from bench import report
 from bench.metrics import AttemptRecord, summarize
-
-MiB = 1 << 20
+from execgate.common.units import MiB
 
 
 def _run(scheme: str, point: int, budget: int, *, family: str | None = None, k: int | None = None,

@@ -18,8 +18,7 @@ from bench import schemes as S
 from bench.generate import generate
 from bench.trace import LlmWait, MemoryProfile, Task, ToolCall, profiled_peak
 from execgate.common.hints import parse
-
-MiB = 1 << 20
+from execgate.common.units import MiB
 
 
 def _call(peak_mib: float, dur: float = 1.0, retained_mib: float = 0,

@@ -14,9 +14,9 @@ from bench.sim import memory as simmem
 from bench.sim.cost import fit, fixed
 from bench.sim.run import SimSettings, Simulation, simulate
 from bench.trace import LlmWait, MemoryProfile, Task, ToolCall
+from execgate.common.units import MiB
 from execgate.policy import admission as policy_admission
 
-MiB = 1 << 20
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "replay" / "sweep" / "results.json.gz"
 
 

@@ -26,9 +26,9 @@ from bench.trace import (
     task_to_dict,
     trace_category,
 )
+from execgate.common.units import MiB
 
 MB = 1_000_000
-MiB = 1 << 20
 
 
 def _task() -> Task:

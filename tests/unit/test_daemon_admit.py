@@ -20,11 +20,11 @@ import pytest
 from test_daemon_cgfiles import _cgroup
 from test_daemon_engine import Clock, _engine
 
+from execgate.common.units import MiB
 from execgate.daemon.engine import Engine
 from execgate.daemon.main import Daemon
 from execgate.daemon.server import Server
 
-MiB = 1 << 20
 FRAME = 2.0  # seconds a test waits for a frame the daemon owes it
 
 

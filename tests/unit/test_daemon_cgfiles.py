@@ -7,11 +7,10 @@ import os
 from pathlib import Path
 
 from execgate.common.config import Config
+from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.cgfiles import KeptFiles, parse_key
 from execgate.daemon.engine import Engine, LoopStats
-
-MiB = 1 << 20
 
 
 def _cgroup(tmp: Path, name: str = "tool-1", current: int = 5) -> str:

@@ -7,9 +7,8 @@ import shutil
 from pathlib import Path
 
 from execgate.common.meminfo import field as meminfo_bytes
+from execgate.common.units import MiB
 from execgate.daemon.domain import Domain, psi_some_avg10
-
-MiB = 1 << 20
 
 
 def test_meminfo_and_psi_fields() -> None:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 from execgate.common import protocol
 from execgate.common.config import Config
+from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine
 from execgate.daemon.store import JournalFollower, Store
-
-MiB = 1 << 20
 
 
 class Clock:

@@ -6,13 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from execgate.common.units import MiB
 from execgate.daemon.actuator import FreezeGate
 from execgate.daemon.growth_gate import HPAGE_SIZE, PAGE_SIZE, GrowthGate
 from execgate.policy.estimate import CallInfo
 from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure_state import Pressure
-
-MiB = 1 << 20
 
 
 @dataclass

@@ -15,6 +15,7 @@ from test_daemon_engine import Clock
 
 from execgate.common import records
 from execgate.common.config import Config
+from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine, LiveCall
 from execgate.daemon.main import Daemon, _start_sandbox_error
@@ -24,7 +25,6 @@ from execgate.policy.estimate import CallInfo
 from execgate.runtime import start_admit
 from execgate.runtime.create import image_key
 
-MiB = 1 << 20
 BUDGET = 256 * MiB  # S = 32 MiB (1/8): room 224 MiB
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from execgate.common.config import Config
+from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.policy.growth import GrowthController
-from execgate.policy.pressure import MiB, assess_pressure
+from execgate.policy.pressure import assess_pressure
 
 
 def test_old_growth_reserve_keys_are_read_as_the_safety_margin_and_warn() -> None:

@@ -6,9 +6,8 @@ import pytest
 
 from execgate.calls import feedback as fb
 from execgate.common import hints
+from execgate.common.units import GiB, MiB
 
-MiB = 1 << 20
-GiB = 1 << 30
 TAG = "[execgate] "
 
 

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from execgate.common import hints
-from execgate.common.hints import GiB, Hint, HintSizes, MiB, ParsedHint
+from execgate.common.hints import Hint, HintSizes, ParsedHint
+from execgate.common.units import GiB, MiB
 
 
 def ok(text: str, sizes: HintSizes = hints.DEFAULT_SIZES) -> Hint:

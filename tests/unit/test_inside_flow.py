@@ -18,14 +18,13 @@ from execgate.calls.record import ToolCall
 from execgate.cgroups import v2
 from execgate.common import records
 from execgate.common.config import Config
+from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine
 from execgate.daemon.inside import proc_events, procfs
 from execgate.daemon.inside.agents import InsideAgents
 from execgate.daemon.inside.proc_events import ProcEvent
 from execgate.daemon.inside.state import Box, Call
-
-MiB = 1 << 20
 
 
 class FakeConnector:

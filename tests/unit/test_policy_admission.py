@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.common.units import GiB, MiB
 from execgate.policy.admission import Admission, AdmissionConfig, Decision, logical_charge
 from execgate.policy.estimate import CallInfo, Demand, Outcome
 from execgate.policy.pressure import PressureReading
 from execgate.policy.pressure_state import Pressure
 
-MiB = 1 << 20
-GiB = 1 << 30
 GREEN, YELLOW, RED = Pressure.GREEN, Pressure.YELLOW, Pressure.RED
 
 

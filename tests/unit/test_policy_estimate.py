@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from execgate.common.units import GiB, MiB
 from execgate.policy.estimate import (
     CallInfo,
     Demand,
@@ -15,9 +16,6 @@ from execgate.policy.estimate import (
     Outcome,
     classify_command,
 )
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 @pytest.mark.parametrize(

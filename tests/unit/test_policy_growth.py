@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from execgate.common.units import GiB, MiB
 from execgate.policy.growth import (
     CallState,
     GateDecision,
     GrowthConfig,
     GrowthController,
-    MiB,
     Reason,
     Sample,
     pick_last_resort_victim,
@@ -27,7 +27,6 @@ from execgate.policy.pressure_state import Pressure
 
 G, Y, R = Pressure.GREEN, Pressure.YELLOW, Pressure.RED
 STEP = 0.125
-GiB = 1024 * MiB
 RESERVE = 256 * MiB
 BIG = 64 * GiB  # MemAvailable that leaves all the headroom anyone needs
 

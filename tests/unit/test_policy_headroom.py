@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.common.units import MiB
 from execgate.policy.headroom import (
     HeadroomConfig,
     LiveSandbox,
@@ -14,7 +15,6 @@ from execgate.policy.headroom import (
     reclaim_plan,
 )
 
-MiB = 1 << 20
 CFG = HeadroomConfig(swap_out_bytes_per_s=100 * MiB, default_time_to_peak_s=1.0)
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.common.units import GiB, MiB
 from execgate.policy.pressure import (
-    GiB,
-    MiB,
     PressureConfig,
     assess_pressure,
     predicted_remaining_growth,

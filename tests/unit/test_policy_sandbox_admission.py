@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.common.units import GiB, MiB
 from execgate.policy.headroom import LiveSandbox
 from execgate.policy.sandbox_admission import (
     BaselineModel,
@@ -16,8 +17,6 @@ from execgate.policy.sandbox_admission import (
     high_quantile,
 )
 
-MiB = 1 << 20
-GiB = 1 << 30
 CFG = SandboxAdmissionConfig(default_baseline_bytes=256 * MiB, default_call_peak_bytes=256 * MiB,
                              max_start_wait_s=100.0, settle_s=60.0)
 

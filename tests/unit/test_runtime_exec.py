@@ -30,13 +30,12 @@ import msgpack
 import pytest
 
 from execgate.common.config import Config
+from execgate.common.units import GiB, MiB
 from execgate.oci import cli
 from execgate.oci.runclog import RuncLog
 from execgate.runtime import exec as exec_
 from execgate.runtime.context import Context
 
-MiB = 1 << 20
-GiB = 1 << 30
 TOOL = re.compile(r"tool-[0-9a-f]{12}")
 REPO = str(Path(__file__).resolve().parents[2])
 
