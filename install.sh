@@ -2,8 +2,12 @@
 # Installs execgate on a Docker host (run as root), or removes it with --uninstall.
 #
 #   ./install.sh [--prefix DIR] [--runtime-name NAME] [--no-docker] [--no-start]
+#                [--no-swap | --swap-size SIZE]
 #   ./install.sh --uninstall [--purge] [--prefix DIR] [--runtime-name NAME]
 #
+# Compressed swap for idle sandboxes: zram (zstd) on a host without swap, sized by --swap-size,
+# else [swap] size in config.toml, else 50% of RAM; zswap over a host's existing swap;
+# --no-swap leaves the host's swap alone. --uninstall removes exactly what install made.
 # Idempotent. pip's own settings are honoured, so an offline install is
 #   PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels ./install.sh
 set -euo pipefail
@@ -19,9 +23,12 @@ bindir=/usr/local/bin
 confdir=/etc/execgate
 daemon_json=${EXECGATE_DOCKER_CONFIG:-/etc/docker/daemon.json}
 unit=/etc/systemd/system/execgated.service
+swap_unit=/etc/systemd/system/execgate-swap.service
+swap=1
+swap_size=
 commands=(execgate execgated execgatectl)
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "install.sh: $*" >&2; exit 1; }
 say() { echo "install.sh: $*"; }
 
@@ -33,6 +40,9 @@ while [[ $# -gt 0 ]]; do
         --runtime-name=*) name=${1#*=} ;;
         --no-docker) docker=0 ;;
         --no-start) start=0 ;;
+        --no-swap) swap=0 ;;
+        --swap-size) swap_size=${2:?--swap-size needs a size (50% or 8g)}; shift ;;
+        --swap-size=*) swap_size=${1#*=} ;;
         --uninstall) uninstall=1 ;;
         --purge) purge=1 ;;
         -h|--help) usage 0 ;;
@@ -46,6 +56,9 @@ done
 have_systemd() { [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
 runtime_path=$bindir/execgate
 docker_json() { PYTHONPATH=$src python3 -m execgate.ctl.daemon_json "$@"; }
+# Swap setup's bookkeeping (execgate/ctl/swap.py): the plan in /var/lib/execgate/swap.json, what
+# was made this boot in /run/execgate/swap-made.json; removal undoes that and nothing else.
+swap_ctl() { PYTHONPATH=$src python3 -m execgate.ctl.swap "$@"; }
 
 reload_docker() {
     # Runtimes are re-read on SIGHUP: no restart, running containers are untouched. The reload
@@ -79,6 +92,18 @@ if [[ $uninstall == 1 ]]; then
         systemctl disable --now execgated.service >/dev/null 2>&1 || true
         rm -f "$unit"
         systemctl daemon-reload
+    fi
+    if have_systemd && [[ -f $swap_unit ]]; then
+        systemctl disable execgate-swap.service >/dev/null 2>&1 || true
+        rm -f "$swap_unit"
+        systemctl daemon-reload
+    fi
+    # Only what install made (swapoff, device reset, module unloaded if we loaded it, zswap
+    # restored): a host's own swap is never touched.
+    if out=$(swap_ctl remove 2>&1); then
+        [[ $out == "nothing to remove" ]] || say "swap: $out"
+    else
+        say "warning: swap not fully removed: $out"
     fi
     for c in "${commands[@]}"; do
         [[ -L $bindir/$c && $(readlink "$bindir/$c") == "$prefix/bin/$c" ]] && rm -f "$bindir/$c"
@@ -142,6 +167,26 @@ if [[ -f /sys/kernel/btf/vmlinux ]] && command -v clang >/dev/null && command -v
         say "built the inside-agent probe: $obj"
     else
         say "warning: inside-agent probe build failed (see $prefix/bpf-build.log); the proc connector will be used"
+    fi
+fi
+
+# Compressed swap, where idle sandboxes' memory goes (memory.reclaim needs swap to move
+# anonymous memory). Applied now, and at every boot by execgate-swap.service.
+if [[ $swap == 1 ]]; then
+    why=$(swap_ctl plan ${swap_size:+--size "$swap_size"} 2>&1) || die "swap: $why"
+    if out=$(swap_ctl start 2>&1); then
+        say "swap: $out"
+    else
+        say "warning: swap setup failed, sandboxes' idle memory stays in RAM: $out"
+    fi
+    if have_systemd; then
+        sed "s|@PYTHON@|$prefix/bin/python|" "$src/packaging/execgate-swap.service" >"$swap_unit"
+        chmod 0644 "$swap_unit"
+        systemctl daemon-reload
+        systemctl enable execgate-swap.service >/dev/null 2>&1
+        systemctl start execgate-swap.service || true  # set up already: marks it active
+    else
+        say "no systemd: swap is not set up again after a reboot (run: $prefix/bin/python -m execgate.ctl.swap start)"
     fi
 fi
 

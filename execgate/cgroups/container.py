@@ -69,6 +69,37 @@ def init_leaf(cg: str) -> str:
     return os.path.join(cg, INIT)
 
 
+def swap_max_value(value: object) -> str | None:
+    """[residency] swap_max as memory.swap.max takes it: "max", a byte count ("512m", 0), or
+    None for "" (nothing written: init/ has the container's limit, as before execgate wrote it).
+    ValueError on anything else."""
+    if value is None or value == "":
+        return None
+    if value == "max":
+        return "max"
+    if value == 0 or value == "0":
+        return "0"
+    from execgate.common.hints import parse_size
+
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"swap_max must be \"max\", a size or 0, not {value!r}")
+    return str(parse_size(value))
+
+
+def set_swap_max(cg: str, value: str) -> None:
+    """Let the sandbox's idle baseline swap (`init/`'s memory.swap.max), not its tool calls.
+
+    Written on init/, not on the container's cgroup: that one is the engine's (`docker run
+    --memory-swap`, `docker update` write it) and still bounds init/ and every call together.
+    init/ holds what stays resident between calls — the agent framework, servers, an inside
+    agent itself — which is exactly what residency pushes out with memory.reclaim while the
+    agent waits on its model. Tool calls are left at the container's limit: a call that bursts
+    wants RAM, and the kernel's LRU already keeps its fresh pages in over the idle baseline's;
+    forbidding a call swap outright would turn a squeeze into an OOM kill (and a call held by
+    the growth gate is exactly the memory that should go)."""
+    v2.write(init_leaf(cg), "memory.swap.max", value)
+
+
 def is_prepared(cg: str) -> bool:
     return os.path.isdir(init_leaf(cg))
 

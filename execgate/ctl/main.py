@@ -117,7 +117,8 @@ def print_status(snap: dict[str, Any], source: str) -> None:
         print_daemon(snap["daemon"])
     boxes = snap.get("sandboxes", [])
     print(f"\nSANDBOXES ({len(boxes)})")
-    print(f"{'CONTAINER':<14} {'MANAGED':<8} {'MEMORY':>9} {'LIMIT':>9} {'CALLS':>5}  NOTE")
+    print(f"{'CONTAINER':<14} {'MANAGED':<8} {'MEMORY':>9} {'ANON':>9} {'SWAPPED':>9} "
+          f"{'LIMIT':>9} {'CALLS':>5}  NOTE")
     for box in boxes:
         note = "" if box["alive"] else "cgroup gone"
         if box.get("frozen"):
@@ -127,7 +128,9 @@ def print_status(snap: dict[str, Any], source: str) -> None:
         limit = box.get("memory_max")
         limit = _mib(int(limit)) if limit and limit.isdigit() else (limit or "-")
         print(f"{box['id'][:12]:<14} {'yes' if box['managed'] else 'no':<8} "
-              f"{_mib(box.get('memory_current')):>9} {limit:>9} {len(box['calls']):>5}  {note}")
+              f"{_mib(box.get('memory_current')):>9} {_mib(box.get('memory_anon')):>9} "
+              f"{_mib(box.get('memory_swap_current')):>9} {limit:>9} {len(box['calls']):>5}  "
+              f"{note}")
     live = [(box["id"], c) for box in boxes for c in box["calls"]]
     print(f"\nRUNNING CALLS ({len(live)})")
     print(f"{'CONTAINER':<14} {'CALL':<18} {'MEMORY':>9} {'PEAK':>9} {'PIDS':>4} {'AGE':>7}  STATE")

@@ -5,6 +5,11 @@ the engine's (`docker pause` writes its cgroup.freeze) and its tool calls live b
 Nothing else freezes ``init/``, so a daemon that starts and finds one frozen thaws it: a crash
 never leaves a sandbox frozen for longer than a restart. memory.reclaim can take a while, so
 it runs in a worker thread, one sandbox at a time; the control loop never waits for it.
+
+The action boundary (a call has ended: the agent waits on its model) is seen here, not told: a
+sandbox touched by a call's start or end that no longer has a call running or waiting has just
+ended one. Admission that needs room (a new sandbox, a call that does not fit) asks through
+`make_room`, which acts at the next control period and says what idle sandboxes could give.
 """
 
 from __future__ import annotations
@@ -19,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from execgate.cgroups import container, v2
-from execgate.common import records
+from execgate.common import meminfo, records
 from execgate.policy.pressure import PressureConfig, PressureReading
 from execgate.policy.pressure_state import Pressure
-from execgate.policy.residency import Action, ResidencyConfig, SandboxView, plan
+from execgate.policy.residency import Action, ResidencyConfig, SandboxView, idle_enough, plan
 
 from .events import EventBus
 
@@ -30,6 +35,7 @@ log = logging.getLogger("execgated")
 
 RESCAN_S = 2.0  # container records are re-read at most this often
 MAX_ACTIVITY = 4096  # containers whose last tool call is remembered
+ROOM_TTL_S = 5.0  # a make_room ask not renewed for this long lapses
 
 
 @dataclass
@@ -43,11 +49,13 @@ class Box:
     reclaimed_bytes: int = 0  # over its lifetime, as measured around each reclaim
     cpu: tuple[float, int] | None = None  # (when, cpu.stat usage_usec): the busy check's base
     busy: bool | None = None  # used more than busy_cpu over the last second; None: not known
-
+    active: bool = False  # a call started, ran or ended in it since the last period
+    ended: bool = False  # idle since a call ended in it: the action boundary
 
     def mark_active(self, now: float) -> None:
         """A tool call starts, runs or ends in it: idle time and the busy check start over."""
         self.last_active, self.reclaimed, self.cpu, self.busy = now, False, None, None
+        self.active, self.ended = True, False
 
 
 CPU_WINDOW_S = 1.0
@@ -64,6 +72,8 @@ class Residency:
         self.events = events
         self.clock = clock
         self.boxes: dict[str, Box] = {}
+        # containers with a call running or waiting (the engine's, given to step)
+        self.busy: Callable[[], Iterable[str]] = lambda: ()
         self.activity: dict[str, float] = {}  # last tool call start or end, by container
         self.started = clock()
         self.scanned_at = -RESCAN_S
@@ -71,6 +81,57 @@ class Residency:
         self.worker: threading.Thread | None = None
         self.stats = {"frozen": 0, "thawed": 0, "reclaims": 0, "reclaimed_bytes": 0}
         self.last_reclaim: dict[str, Any] | None = None
+        self.room = 0  # bytes admission asked for (make_room) ...
+        self.room_at = float("-inf")  # ... when
+
+    # -- admission's hook ----------------------------------------------------------------------
+
+    def make_room(self, nbytes: int) -> int:
+        """Admission needs ``nbytes`` more (a sandbox or call waiting for room): idle sandboxes
+        give memory back from the next control period on, the longest idle first and each once
+        per idle period, whatever the pressure. Returns what they could give now (0: waiting
+        on reclaim will not help). An ask lapses unless renewed within ROOM_TTL_S; 0 withdraws
+        it. Cheap enough to call every period while something waits."""
+        self.room, self.room_at = max(int(nbytes), 0), self.clock()
+        self._rescan()
+        busy = set(self.busy())
+        return sum(self.reclaimable_bytes(cid, busy) for cid in self.boxes)
+
+    def room_wanted(self) -> int:
+        if self.room and self.clock() - self.room_at > ROOM_TTL_S:
+            self.room = 0
+        return self.room
+
+    def reclaimable_bytes(self, cid: str, busy: set[str] | None = None) -> int:
+        """What memory.reclaim could take from an idle sandbox now: its page cache, and its
+        anonymous memory as far as swap has room (the host's free swap, init/'s swap.max), down
+        to keep_bytes; 0 while a call runs or waits in it (``busy``: the engine's set, asked
+        for when not given) or once reclaimed in this idle period."""
+        box = self.boxes.get(cid)
+        if box is None or box.reclaimed or cid in (set(self.busy()) if busy is None else busy):
+            return 0
+        stat = v2.read_keyed(box.cgroup, "memory.stat")
+        if not stat:
+            return 0
+        anon = min(stat.get("anon", 0), self._swap_room(box))
+        current = v2.read_int(box.cgroup, "memory.current") or 0
+        return max(min(stat.get("file", 0) + anon, current - self.cfg.keep_bytes), 0)
+
+    def _swap_room(self, box: Box) -> int:
+        try:
+            free = meminfo.read().get("SwapFree", 0)
+        except (OSError, ValueError):
+            return 0
+        init = container.init_leaf(box.cgroup)
+        for cg in (box.cgroup, init):
+            try:
+                limit = v2.read(cg, "memory.swap.max").strip()
+            except OSError:
+                continue  # no swap accounting: the host's free swap is the bound
+            if limit.isdigit():
+                used = v2.read_int(cg, "memory.swap.current") or 0
+                free = min(free, max(int(limit) - used, 0))
+        return free
 
     # -- events from the engine ----------------------------------------------------------------
 
@@ -116,17 +177,19 @@ class Residency:
         a call running or waiting, and ``queued_bytes``, the waiting calls' demand, are asked
         for only when there is more to do)."""
         now = self.clock()
+        self.busy = busy
         done = self.last_reclaim
         if done is not None and not done["published"] and not self.worker_alive():
             done["published"] = True
             self.events.publish("residency", action="reclaimed", container=done["container"],
                                 asked=done["asked"], reclaimed=done["reclaimed"],
                                 error=done["error"])
-        if reading.state == Pressure.GREEN:
+        room = self.room_wanted()
+        if reading.state == Pressure.GREEN and not room:
             if not any(b.frozen for b in self.boxes.values()):
                 self.green_since = min(self.green_since, now)
                 return
-        else:
+        elif reading.state != Pressure.GREEN:
             self.green_since = now
         self._rescan()
         active = set(busy())
@@ -134,20 +197,23 @@ class Residency:
         for box in self.boxes.values():
             if box.cid in active:
                 box.mark_active(now)
+            elif box.active:  # its call has ended since the last period: the action boundary
+                box.active, box.ended = False, True
             if box.frozen:  # the runtime thaws by itself when failing open, or on kill
                 box.frozen = v2.read_int(container.init_leaf(box.cgroup), "cgroup.freeze") == 1
             idle = None if box.cid in active else now - box.last_active
-            eligible = idle is not None and idle >= self.cfg.idle_after_s
+            eligible = idle_enough(self.cfg, idle, box.ended, room > 0)
             if eligible and not self._quiet(box, now):
                 idle, eligible = None, False  # at work without a tool call (or not known yet)
             # memory.current only where a reclaim could follow: a few reads, not one per box
-            candidate = eligible and reading.state != Pressure.GREEN and not box.reclaimed
+            candidate = eligible and (reading.state != Pressure.GREEN or room) \
+                and not box.reclaimed
             memory = v2.read_int(box.cgroup, "memory.current") if candidate else 0
             views.append(SandboxView(box.cid, idle, memory or 0, box.freezable, box.frozen,
-                                     box.reclaimed))
+                                     box.reclaimed, box.ended))
         reclaiming = self.worker_alive()
         for action in plan(self.cfg, reading.state, now - self.green_since,
-                           self._need(reading) + queued_bytes(), views, reclaiming):
+                           self._need(reading) + queued_bytes(), views, reclaiming, room):
             self._apply(action, reading)
 
     def _quiet(self, box: Box, now: float) -> bool:
@@ -244,7 +310,8 @@ class Residency:
             if cid not in self.boxes:  # idle since its last call, its start, or ours
                 created = now - max(time.time() - float(rec.get("created") or 0), 0.0)
                 self.boxes[cid] = Box(cid, cg, not records.agent_inside(rec, self.inside_default),
-                                      self.activity.get(cid, max(self.started, created)))
+                                      self.activity.get(cid, max(self.started, created)),
+                                      active=cid in self.activity)
         for cid in set(self.boxes) - seen:
             del self.boxes[cid]
         for cid in set(self.activity) - seen:
@@ -256,7 +323,9 @@ class Residency:
             "enabled": self.cfg.enabled, "idle_after_s": self.cfg.idle_after_s,
             **self.stats, "last_reclaim": self.last_reclaim and {
                 k: v for k, v in self.last_reclaim.items() if k != "published"},
+            "room": self.room_wanted(),
             "sandboxes": {b.cid: {"idle_s": round(now - b.last_active, 1), "frozen": b.frozen,
-                                  "reclaimed_bytes": b.reclaimed_bytes}
+                                  "reclaimed_bytes": b.reclaimed_bytes, "ended": b.ended,
+                                  "reclaimed": b.reclaimed}
                           for b in self.boxes.values()},
         }

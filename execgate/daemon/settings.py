@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from execgate.cgroups import container
 from execgate.common.config import Config
 from execgate.common.hints import parse_size
 from execgate.policy.admission import AdmissionConfig
@@ -205,6 +206,19 @@ def _inside(table: dict[str, Any], errors: list[str]) -> InsideConfig:
     return dataclasses.replace(inside, **fixes) if fixes else inside
 
 
+def _residency(table: dict[str, Any], errors: list[str]) -> ResidencyConfig:
+    """[residency]; swap_max is the runtime's to write (runtime/start.py), checked here too so a
+    bad value is in the daemon's log at start, and kept as memory.swap.max spells it."""
+    table = dict(table)
+    if "swap_max" in table:
+        try:
+            table["swap_max"] = container.swap_max_value(table["swap_max"]) or ""
+        except ValueError as e:
+            errors.append(f"[residency] swap_max: {e}; the runtime writes nothing")
+            table["swap_max"] = ""
+    return from_table(ResidencyConfig, table, "residency", errors)
+
+
 def load(cfg: Config) -> tuple[Settings, list[str]]:
     errors: list[str] = []
     tables = {name: dict(t) for name, t in cfg.tables.items() if isinstance(t, dict)}
@@ -223,7 +237,7 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
         estimate=from_table(EstimateConfig, table("estimate"), "estimate", errors),
         growth=from_table(GrowthConfig, table("growth"), "growth", errors),
         inside=_inside(table("inside"), errors),
-        residency=from_table(ResidencyConfig, table("residency"), "residency", errors),
+        residency=_residency(table("residency"), errors),
         sandboxes=from_table(SandboxAdmissionConfig, table("sandbox_admission"),
                              "sandbox_admission", errors),
     )

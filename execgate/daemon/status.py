@@ -30,6 +30,19 @@ def _live_call(path: str, now: float) -> dict[str, Any]:
     }
 
 
+# memory.stat fields shown per sandbox: anonymous memory in RAM, and what zswap holds of it
+# (zswap: compressed size; zswapped: the pages' own size); absent fields are left out.
+SWAP_STAT = ("anon", "file", "zswap", "zswapped")
+
+
+def _swap(cg: str) -> dict[str, Any]:
+    """Where the sandbox's memory is: memory.swap.current (swapped out: in zram or on disk, or
+    in zswap's pool) and memory.stat's anon/zswap fields, as memory_<field>."""
+    stat = v2.read_keyed(cg, "memory.stat")
+    return {"memory_swap_current": v2.read_int(cg, "memory.swap.current"),
+            **{f"memory_{k}": stat[k] for k in SWAP_STAT if k in stat}}
+
+
 def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
     now = time.time()
     sandboxes = []
@@ -49,6 +62,7 @@ def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
             "calls": [_live_call(p, now) for p in container.tool_cgroups(cg)] if alive else [],
             # init/ frozen by residency (an idle sandbox under red pressure)
             "frozen": alive and v2.read_int(container.init_leaf(cg), "cgroup.freeze") == 1,
+            **(_swap(cg) if alive else {}),
             # how its create was admitted (runtime/create.py): verdict, waited_s; None: not asked
             "start": rec.get("start"),
         })

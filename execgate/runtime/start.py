@@ -32,8 +32,26 @@ def _prepare(ctx: Context, cid: str) -> None:
     try:
         rec["controllers"] = container.prepare(rec["cgroup"], ctx.config.controllers)
         rec["prepared"] = True
+        _swap_max(ctx, rec["cgroup"])
     except Exception as e:  # noqa: BLE001 - the container runs as with plain runc
         rec["managed"] = False
         rec["reason"] = f"{type(e).__name__}: {e}"
         ctx.log.warning(f"container {rec['id']}: no per-exec cgroups ({rec['reason']})")
     records.save_container(ctx.config.state_dir, rec)
+
+
+def _swap_max(ctx: Context, cg: str) -> None:
+    """[residency] swap_max on init/ (cgroups/container.py says why there); a bad value or a
+    kernel without swap accounting is logged, never a reason to give the container up."""
+    table = ctx.config.tables.get("residency")
+    raw = table.get("swap_max", "max") if isinstance(table, dict) else "max"
+    value = None
+    try:
+        value = container.swap_max_value(raw)
+        if value is not None:
+            container.set_swap_max(cg, value)
+    except FileNotFoundError as e:  # no swap accounting: "max" is what it has anyway
+        if value != "max":
+            ctx.log.warning(f"{cg}: [residency] swap_max {raw!r} not applied: {e}")
+    except (OSError, ValueError) as e:
+        ctx.log.warning(f"{cg}: [residency] swap_max {raw!r} not applied: {e}")

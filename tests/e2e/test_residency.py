@@ -3,8 +3,10 @@ tool call thaws them, and so does a restarted daemon after a crash."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 from conftest import (
     Containers,
@@ -98,3 +100,111 @@ def test_idle_sandboxes_are_reclaimed_and_frozen_under_pressure(containers: Cont
                  what="green pressure")
         time.sleep(IDLE_S + 2)
         assert not _frozen(cg)
+
+
+# -- compressed swap: where an idle sandbox's anonymous memory goes --------------------------
+
+SWAP_SLICE = "egswap.slice"
+SWAP_BUDGET = 192 << 20
+HOLD_MIB = 48  # the idle sandbox's baseline: anonymous, ~3:1 under zstd (tests/e2e/programs)
+HOG_MIB = 40  # another sandbox's init: the slice turns yellow, not red
+SMALL_CALL = ("-e", "AGENT_RESOURCE_HINT=memory:4m")
+# Yellow while headroom (available - S, S = 24 MiB) <= 55 % of the budget: from ~62 MiB used on;
+# red only under 5 % (~158 MiB used), which the test never reaches. idle_after_s is long, so
+# only the action boundary (its call has ended) makes the sandbox idle within the test.
+SWAP_CONFIG = ("[pressure]\nred_fraction = 0.05\nyellow_fraction = 0.5\n"
+               "[residency]\nidle_after_s = 600.0\n")
+
+
+@contextlib.contextmanager
+def _compressed_swap(tmp: str) -> Iterator[str | None]:
+    """The host's swap, or a zram device (zstd) made for the test with install.sh's own code
+    and removed after it; yields the zram device made (None: the host's swap was used)."""
+    from execgate.ctl import swap
+
+    host = swap.Host()
+    if host.swaps():
+        yield None
+        return
+    plan, made = os.path.join(tmp, "swap.json"), os.path.join(tmp, "made.json")
+    swap.save(plan, swap.Plan("zram", "e2e", 128 << 20).__dict__)
+    print(swap.start(host, plan, made))
+    try:
+        yield (swap.load(made) or {}).get("device")
+    finally:
+        left = swap.stop(host, swap.load(made) or {})
+        assert not left, left
+
+
+def _stat(cg: str) -> dict[str, int]:
+    with open(os.path.join(cg, "memory.stat")) as f:
+        return {k: int(v) for k, v in (line.split() for line in f)}
+
+
+def _sum(cid: str) -> str:
+    """The idle sandbox's checksum of its whole baseline, read back by a tool call (every page
+    touched: whatever went to swap is faulted back in)."""
+    out = docker("exec", *SMALL_CALL, cid, "sh", "-c",
+                 "rm -f /tmp/holdmem.sum; kill -USR1 1; "
+                 "while [ ! -f /tmp/holdmem.sum ]; do sleep 0.1; done; cat /tmp/holdmem.sum",
+                 timeout=300)
+    return out.stdout.decode().strip()
+
+
+def test_idle_anonymous_memory_goes_to_compressed_swap_after_its_call(
+        containers: Containers, tmp_path: object) -> None:
+    with _compressed_swap(str(tmp_path)) as zram, \
+            memory_domain(containers, SWAP_SLICE, SWAP_BUDGET, 1, SWAP_CONFIG):
+        box = containers.run("--cgroup-parent", SWAP_SLICE, cmd=("holdmem", str(HOLD_MIB)))
+        cg = container_cgroup(box)
+        wait_for(lambda: docker("exec", *SMALL_CALL, box, "test", "-f", "/tmp/holdmem.ready",
+                                check=False).returncode == 0,
+                 timeout=120, interval=0.5, what="the baseline filled")
+        # Its call (reading the checksum) ends: the action boundary, while the domain is green.
+        ready = docker("exec", *SMALL_CALL, box, "cat", "/tmp/holdmem.ready").stdout.decode()
+        with open(os.path.join(cg, "init", "memory.swap.max")) as f:
+            assert f.read().strip() == "max", "init/ may swap ([residency] swap_max)"
+        anon0 = _stat(cg)["anon"]
+        assert anon0 >= HOLD_MIB * MiB * 9 // 10, anon0
+        assert _int(cg, "memory.swap.current") == 0
+
+        # Another sandbox takes the domain into yellow: the idle one's memory goes to swap.
+        hog = containers.run("--cgroup-parent", SWAP_SLICE, cmd=(
+            "memload", "--peak-mib", str(HOG_MIB), "--duration", "1", "--hold", "3600"))
+        t0 = time.monotonic()
+        try:
+            wait_for(lambda: _int(cg, "memory.swap.current") > HOLD_MIB * MiB // 2,
+                     timeout=240, interval=0.5, what="the idle baseline swapped out")
+            wait_for(lambda: _stat(cg)["anon"] < anon0 // 2, timeout=60, interval=0.5,
+                     what="most of its anonymous memory gone from RAM")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {_diagnosis(cg, hog)}") from None
+        took = time.monotonic() - t0
+        swapped, anon = _int(cg, "memory.swap.current"), _stat(cg)["anon"]
+        snap = ctl_status()
+        assert snap["daemon"]["residency"]["reclaims"] >= 1, snap["daemon"]["residency"]
+        entry = {b["id"]: b for b in snap["sandboxes"]}[box]
+        assert entry["memory_swap_current"] > HOLD_MIB * MiB // 2, entry
+        assert entry["memory_anon"] < anon0 // 2, entry
+        assert not _frozen(cg), "yellow reclaims, it does not freeze"
+        ratio = None
+        if zram:
+            from execgate.ctl import swap
+
+            mm = swap.zram_mm_stat(swap.Host(), zram)
+            assert mm and mm["compr_data_size"] > 0, mm
+            ratio = mm["orig_data_size"] / mm["compr_data_size"]
+            assert 1.5 < ratio < 10, f"realistic data compresses ~3:1, not {ratio:.1f}:1 ({mm})"
+        print(f"swap: {anon0 >> 20} MiB anon -> {anon >> 20} MiB in RAM, {swapped >> 20} MiB "
+              f"swapped, {took:.1f} s after the domain turned yellow; zram ratio "
+              f"{ratio and f'{ratio:.2f}'}:1")
+
+        # Its next call reads every page back (swap-in is lazy) and gets the same data.
+        t1 = time.monotonic()
+        assert _sum(box) == ready.strip()
+        print(f"swap-in: checksum matched in {time.monotonic() - t1:.1f} s; anon now "
+              f"{_stat(cg)['anon'] >> 20} MiB")
+        assert _stat(cg)["anon"] >= HOLD_MIB * MiB * 9 // 10
+        docker("rm", "-f", box, hog)  # before the swap goes: nothing left to swap back in
+        containers.ids.remove(box)
+        containers.ids.remove(hog)

@@ -62,41 +62,130 @@ def step(res: Residency, available: int, *busy: str) -> None:
     res.step(reading(available), busy=lambda: busy, queued_bytes=lambda: 0)
 
 
+def settle(res: Residency, available: int, *busy: str, rounds: int = 4) -> None:
+    """Control periods until residency has nothing left in flight (reclaims one at a time)."""
+    for _ in range(rounds):
+        step(res, available, *busy)
+        if res.worker is not None:
+            res.worker.join(timeout=5)
+
+
 def residency(tmp: Path, clock: Clock, **cfg: object) -> tuple[Residency, EventBus]:
     events = EventBus()
     return Residency(ResidencyConfig(**cfg), PressureConfig(), str(tmp / "state"), False,
                      events, clock), events
 
 
-def test_red_freezes_and_reclaims_idle_sandboxes_and_a_call_thaws_its_own(tmp_path: Path) -> None:
+def test_red_reclaims_then_freezes_idle_sandboxes_and_a_call_thaws_its_own(
+        tmp_path: Path) -> None:
     clock = Clock()
     a, b, agent = (sandbox(tmp_path, "a"), sandbox(tmp_path, "b"),
                    sandbox(tmp_path, "agent", inside=True))
-    res, events = residency(tmp_path, clock, idle_after_s=20.0)
+    res, events = residency(tmp_path, clock, idle_after_s=20.0, reclaim_at_call_end=False)
     seen = events.subscribe()
     res.touch("b")  # b ran a call just now
     clock.t += 30
     res.touch("b")
     step(res, 40 * MiB)
-    assert frozen(a) and not frozen(b) and not frozen(agent)
+    # The longest idle gives its memory back first; nothing is frozen before its reclaim is done.
+    assert not frozen(a) and not frozen(b) and not frozen(agent)
     res.worker.join(timeout=5)
-    assert (a / "memory.reclaim").read_text() == str(184 * MiB)  # the longest idle, to the floor
-    snap = res.snapshot()
-    assert snap["frozen"] == 1 and snap["reclaims"] == 1 and snap["sandboxes"]["a"]["frozen"]
-    assert [e["action"] for e in _drain(seen)] == ["frozen"]  # the reclaim is not told yet ...
-    step(res, 40 * MiB, "a", "b", "agent")
-    told = _drain(seen)  # ... but by the loop's next step, in the loop's thread
-    assert [(e["action"], e["container"], e["reclaimed"]) for e in told] == [
-        ("reclaimed", "a", 0)]
+    assert (a / "memory.reclaim").read_text() == str(184 * MiB)  # down to the floor
+    assert _drain(seen) == []  # the reclaim is told by the loop's next step, in its thread
+    step(res, 40 * MiB)
+    assert frozen(a) and not frozen(b) and not frozen(agent)
+    told = _drain(seen)
+    assert [(e["action"], e["container"]) for e in told] == [("reclaimed", "a"), ("frozen", "a")]
+    assert told[0]["reclaimed"] == 0  # the fake's memory.current does not move
+    res.worker.join(timeout=5)  # then the inside agent: reclaimed, never frozen
+    assert (agent / "memory.reclaim").read_text() == str(184 * MiB)
+    step(res, 40 * MiB)
+    assert not frozen(agent) and res.snapshot()["sandboxes"]["a"]["frozen"]
     res.touch("a")  # a tool call arrives in a: thawed before it is admitted
     assert not frozen(a)
-    # the runtime thawed b's init itself (it failed open): the daemon notices, and refreezes
+    # b idle long enough now: reclaimed, then frozen; the runtime thawing it (failing open) is
+    # noticed, and it is refrozen (reclaimed already in this idle period: not again)
     clock.t += 30
-    step(res, 40 * MiB, "agent")
-    assert frozen(a) and frozen(b) and res.stats["frozen"] == 3  # a is idle again too
+    settle(res, 40 * MiB, "agent")  # a (idle again) and b: each reclaimed, then frozen
+    assert frozen(a) and frozen(b) and (b / "memory.reclaim").read_text() == str(184 * MiB)
+    n = res.stats["frozen"]
     (b / "init" / "cgroup.freeze").write_text("0\n")
-    step(res, 40 * MiB, "agent")
-    assert frozen(b) and res.stats["frozen"] == 4
+    (b / "memory.reclaim").write_text("")
+    settle(res, 40 * MiB, "agent")
+    assert frozen(b) and res.stats["frozen"] == n + 1
+    assert (b / "memory.reclaim").read_text() == ""  # once per idle period
+
+
+def test_a_call_ending_under_yellow_reclaims_its_sandbox_at_once_and_once(
+        tmp_path: Path) -> None:
+    """The action boundary: no idle_after_s wait, only the quiet check's second."""
+    clock = Clock()
+    a = sandbox(tmp_path, "a")
+    (a / "cpu.stat").write_text("usage_usec 5000000\n")
+    res, _ = residency(tmp_path, clock, idle_after_s=600.0)
+    res.touch("a")  # a call is submitted ...
+    step(res, 328 * MiB, "a")  # ... and runs, under yellow
+    assert res.worker is None
+    res.touch("a")  # it ends
+    clock.t += 0.1
+    step(res, 328 * MiB)  # its sandbox is idle now; one CPU sample so far
+    assert res.worker is None and res.boxes["a"].ended
+    clock.t += 1.0
+    step(res, 328 * MiB)  # quiet for a second: reclaimed, 1.1 s after its call, not 600 s
+    res.worker.join(timeout=5)
+    assert (a / "memory.reclaim").read_text() == str(184 * MiB)
+    (a / "memory.reclaim").write_text("")
+    for _ in range(5):
+        clock.t += 1.0
+        step(res, 328 * MiB)
+    assert (a / "memory.reclaim").read_text() == ""  # not again in this idle period
+    res.touch("a")  # the next call, and its end: a new idle period
+    step(res, 328 * MiB, "a")
+    res.touch("a")
+    for _ in range(3):
+        clock.t += 1.0
+        step(res, 328 * MiB)
+    res.worker.join(timeout=5)
+    assert (a / "memory.reclaim").read_text() == str(184 * MiB)
+    # a sandbox whose call ended while the domain was green is reclaimed once it turns yellow
+    b = sandbox(tmp_path, "b")
+    clock.t += 3
+    step(res, BUDGET)
+    res.touch("b")
+    step(res, BUDGET)
+    clock.t += 1
+    step(res, 328 * MiB)
+    res.worker.join(timeout=5)
+    assert (b / "memory.reclaim").read_text() == str(184 * MiB)
+
+
+def test_make_room_reclaims_idle_sandboxes_while_green_and_says_what_they_can_give(
+        tmp_path: Path, monkeypatch: object) -> None:
+    from execgate.daemon import idle_sandboxes
+
+    monkeypatch.setattr(idle_sandboxes.meminfo, "read", lambda: {"SwapFree": 1 << 30})
+    clock = Clock()
+    a, busy = sandbox(tmp_path, "a"), sandbox(tmp_path, "busy")
+    for cg in (a, busy):
+        (cg / "memory.stat").write_text(f"anon {150 * MiB}\nfile {50 * MiB}\n")
+    (a / "init" / "memory.swap.max").write_text(f"{100 * MiB}\n")  # swap_max: 100 MiB
+    (a / "init" / "memory.swap.current").write_text(f"{40 * MiB}\n")
+    res, _ = residency(tmp_path, clock, idle_after_s=600.0)
+    step(res, BUDGET, "busy")  # green: nothing to do
+    # file 50 + anon as far as swap has room (100 - 40 = 60): 110 MiB; a running sandbox: 0
+    assert res.make_room(64 * MiB) == 110 * MiB
+    assert res.reclaimable_bytes("busy") == 0
+    step(res, BUDGET, "busy")  # a first CPU sample (none here: quiet at once)
+    res.worker.join(timeout=5)
+    assert (a / "memory.reclaim").read_text() == str(184 * MiB)
+    assert (busy / "memory.reclaim").read_text() == ""
+    assert res.make_room(64 * MiB) == 0  # reclaimed in this idle period: nothing more to give
+    # an ask that is not renewed lapses
+    c = sandbox(tmp_path, "c")
+    clock.t += 10
+    step(res, BUDGET, "busy")
+    assert res.worker is None or not res.worker.is_alive()
+    assert (c / "memory.reclaim").read_text() == ""
 
 
 def test_busy_sandboxes_are_never_idle_and_yellow_does_not_freeze(tmp_path: Path) -> None:
@@ -141,7 +230,7 @@ def test_engine_thaws_a_sandbox_when_its_call_is_submitted(tmp_path: Path) -> No
     (dom / "memory.current").write_text(f"{BUDGET - 40 * MiB}\n")
     cfg = Config(state_dir=str(tmp_path / "state"), journal=str(tmp_path / "calls.jsonl"),
                  tables={"daemon": {"domain": str(dom), "store": str(tmp_path / "h.sqlite")},
-                         "residency": {"idle_after_s": 0.0}})
+                         "residency": {"idle_after_s": 0.0, "reclaim": False}})
     s, errors = settings.load(cfg)
     assert errors == []
 

@@ -32,7 +32,9 @@ tar -C "$img" -c . | docker import - execgate-test:latest >/dev/null || exit 1
 
 step "install.sh (offline: PIP_NO_INDEX, PIP_FIND_LINKS=wheels)"
 cp /etc/docker/daemon.json "$res/daemon.json.before"
-PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/wheels ./src/install.sh 2>&1 | tee "$res/install.log"
+# --no-swap: the suite runs on a swapless host as before (test_install.py and test_residency.py
+# set swap up themselves); EXECGATE_INSTALL_ARGS replaces it (e.g. "" for install.sh's zram).
+PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/wheels ./src/install.sh ${EXECGATE_INSTALL_ARGS---no-swap} 2>&1 | tee "$res/install.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || { echo "install.sh failed"; exit 1; }
 cp /etc/docker/daemon.json "$res/daemon.json.after"
 # TCG runs ~10x slower than hardware: give the runtime's daemon budget the same factor.
