@@ -132,10 +132,15 @@ def test_a_held_call_is_not_the_oom_victim(containers: Containers) -> None:
         overrun = pool.submit(_exec, cids[1], "memload", "--peak-mib", "200", "--duration", "6",
                               "--shape", "ramp", "--peak-at", "0.95", "--hold", "4",
                               hint="memory:250m")
-        wait_for(lambda: held_call in ctl_status()["daemon"]["growth"]["held"], timeout=120,
-                 interval=0.1, what="the gate to hold the grower")
-        adjs = _oom_score_adjs(held_cg)
-        print("held call's oom_score_adj:", adjs)
+        seen: list[tuple[bool, list[int]]] = []  # (frozen by the gate, its tasks' values)
+        while not overrun.done():
+            with open(os.path.join(held_cg, "cgroup.freeze")) as f:
+                frozen = f.read().strip() == "1"
+            seen.append((frozen, _oom_score_adjs(held_cg)))
+            time.sleep(0.05)
+        held_adjs = [a for frozen, a in seen if frozen and a]
+        adjs = held_adjs[-1] if held_adjs else []
+        print("held call's oom_score_adj while frozen:", held_adjs[-3:])
         bad = overrun.result(timeout=900)
         restored, values = None, []  # released, the grower's tasks get their value back
         for _ in range(300):
