@@ -3,25 +3,27 @@
 A VM results file was measured with the policy of its day; the working tree's policy has moved
 on since (the no-force rule, sandbox admission, ...). To validate the simulator against the VM the
 execgate schemes must run the same decision code the VM ran, so `--policy-rev REV` extracts
-`execgate` at REV (either layout: the package directory, or the older top-level directories mapped
-by pyproject's `[tool.setuptools.package-dir]`) into a temporary directory and re-runs the same
-command with it first on PYTHONPATH. bench/ itself is always the working tree's.
+`execgate` at REV (either layout: the package directory, or, before 0.2, top-level directories
+named as its subpackages: policy/ was execgate.policy) into a temporary directory and re-runs the
+same command with it first on PYTHONPATH. bench/ itself is always the working tree's.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
 ENV = "BENCH_SIM_POLICY_REV"
 REPO = Path(__file__).resolve().parents[2]
+# The decision code and what it imports, as top-level directories before 0.2.
+OLD_SUBPACKAGES = ("policy", "common", "cgroups", "oci", "daemon", "bpf")
 
 
 def _git(*args: str) -> bytes:
@@ -29,14 +31,17 @@ def _git(*args: str) -> bytes:
 
 
 def extract(rev: str, dest: Path) -> Path:
-    """dest/execgate as it was at rev; returns dest."""
+    """dest/execgate as it was at rev, laid over the working tree's package; returns dest.
+
+    Every module rev had is rev's; modules added since (execgate.common.units, which bench/
+    imports) stay the working tree's, so today's bench/ can still import what it needs."""
+    shutil.copytree(REPO / "execgate", dest / "execgate",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     names = _git("ls-tree", "--name-only", rev).decode().split()
     if "execgate" in names:
         mapping = {"execgate": "execgate"}
-    else:
-        pyproject = tomllib.loads(_git("show", f"{rev}:pyproject.toml").decode())
-        dirs = pyproject["tool"]["setuptools"]["package-dir"]
-        mapping = {src: pkg.replace(".", "/") for pkg, src in dirs.items()}
+    else:  # before 0.2: execgate.X lived in ./X
+        mapping = {d: f"execgate/{d}" for d in OLD_SUBPACKAGES if d in names}
     data = _git("archive", "--format=tar", rev, *mapping)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for m in tar.getmembers():
