@@ -3,6 +3,8 @@
 # (real kernel 7.3 with sched_ext, cgroup v2, Docker, runc), built and booted on the way.
 #   tests/run.sh            everything
 #   tests/run.sh --unit     host unit tests only
+# The e2e suite runs in EXECGATE_VM_LANES VMs at once (default 2, balanced by
+# tests/vm/e2e-seconds.txt); EXECGATE_E2E_ARGS=... runs just those tests in one VM.
 # Exits non-zero when any test fails or the VM times out; the last line sums up both parts.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,32 +36,65 @@ echo "[tests] unit tests (host)"
 .venv/bin/python -m pytest -q -p no:cacheprovider --junitxml=results/unit-junit.xml tests/unit
 unit_rc=$?
 
-vm_rc=0
-if [[ $unit_only == 0 ]]; then
-    echo "[tests] end-to-end tests (VM)"
-    # Under TCG the suite takes most of an hour; CI allows 90 minutes in all.
+# One VM per lane, at once: single-threaded TCG keeps a VM on one core, and this machine has two.
+# EXECGATE_E2E_ARGS given by hand (some tests, pytest flags) runs in one VM, as before.
+lanes=${EXECGATE_VM_LANES:-2}
+[[ -n ${EXECGATE_E2E_ARGS:-} ]] && lanes=1
+
+run_lane() {  # run_lane N [test paths...]: one VM; an int3 oops of the guest is retried once
+    local n=$1 dir=results/vm-test-$1 rc=0 lock=/tmp/execgate-vm.lock
+    shift
+    [[ $n == 1 ]] || lock=/tmp/execgate-vm-lane$n.lock
     for attempt in 1 2; do
-        EXECGATE_VM_TIMEOUT=${EXECGATE_VM_TIMEOUT:-4200} tests/vm/run.sh test results/vm-test
-        vm_rc=$?
-        # An int3 oops of the guest kernel (TCG racing its text patching as sched_ext loads or
-        # unloads; seen with multi-threaded TCG, which boot.sh no longer uses by default) is a
-        # test-bed crash, not a test result: the whole suite runs once more; anything else, a
-        # failing test above all, counts as is.
-        [[ $vm_rc == 125 && $attempt == 1 ]] || break
-        grep -q "Oops: int3" results/vm-test/serial.log 2>/dev/null || break
-        cp results/vm-test/serial.log results/vm-oops-serial.log
-        echo "[tests] the VM's kernel oopsed on an int3 (TCG text patching): running the suite again"
+        EXECGATE_VM_LOCK=$lock EXECGATE_E2E_ARGS="${*:-${EXECGATE_E2E_ARGS:-}}" \
+            EXECGATE_VM_TIMEOUT=${EXECGATE_VM_TIMEOUT:-4200} tests/vm/run.sh test "$dir" \
+            >"results/vm-lane$n.log" 2>&1
+        rc=$?
+        # An int3 oops (TCG racing kernel text patching as sched_ext loads or unloads; seen with
+        # multi-threaded TCG, which boot.sh no longer uses by default) is a test-bed crash, not
+        # a test result: the lane runs once more; anything else, a failing test above all,
+        # counts as is.
+        [[ $rc == 125 && $attempt == 1 ]] || break
+        grep -q "Oops: int3" "$dir/serial.log" 2>/dev/null || break
+        cp "$dir/serial.log" "results/vm-oops-serial-$n.log"
+        echo "[tests] lane $n: the VM's kernel oopsed on an int3 (TCG text patching): again"
     done
-    if [[ -f results/vm-test/console.log ]]; then
-        sed -n '/=== \[vm\] end-to-end tests/,$p' results/vm-test/console.log | tail -n 120
+    echo "$rc" >"$dir.rc"
+}
+
+vm_rc=0
+dirs=()
+if [[ $unit_only == 0 ]]; then
+    echo "[tests] end-to-end tests (VM, $lanes lane(s))"
+    # The image and the wheels are made once, before the lanes share them.
+    tests/vm/build-image.sh >/dev/null || { echo "[tests] building the VM image failed"; exit 1; }
+    rm -rf results/vm-test-*
+    n=0
+    if [[ $lanes == 1 ]]; then
+        n=1; run_lane 1 &
     else
-        tail -n 60 results/vm-test/serial.log 2>/dev/null
+        while read -r paths; do
+            n=$((n + 1)); run_lane "$n" $paths &
+        done < <(python3 tests/vm/lanes.py "$lanes")
     fi
-    [[ $vm_rc == 124 ]] && echo "[tests] the VM timed out: counted as a failure"
+    wait
+    for i in $(seq 1 "$n"); do
+        dir=results/vm-test-$i
+        dirs+=("$dir")
+        rc=$(cat "$dir.rc" 2>/dev/null || echo 1)
+        [[ $rc == 0 ]] || vm_rc=$rc
+        echo "[tests] lane $i (rc=$rc)"
+        if [[ -f $dir/console.log ]]; then
+            sed -n '/=== \[vm\] end-to-end tests/,$p' "$dir/console.log" | tail -n 80
+        else
+            tail -n 60 "$dir/serial.log" 2>/dev/null || tail -n 30 "results/vm-lane$i.log"
+        fi
+        [[ $rc == 124 ]] && echo "[tests] lane $i: the VM timed out: counted as a failure"
+    done
 fi
 
 junits=(results/unit-junit.xml)
-[[ $unit_only == 0 ]] && junits+=(results/vm-test/e2e-junit.xml)
+for dir in "${dirs[@]}"; do junits+=("$dir/e2e-junit.xml"); done
 python3 - "$unit_rc" "$vm_rc" "${junits[@]}" <<'PY'
 import sys
 import xml.etree.ElementTree as ET

@@ -18,6 +18,15 @@ if [[ -f $out/done ]]; then
     echo "$out" >&3
     exit 0
 fi
+# Two callers at once (the suite's lanes on a fresh machine): one builds, the other waits and
+# takes its image.
+mkdir -p "$cache"
+exec 7>"$cache/.build.lock"
+flock 7
+if [[ -f $out/done ]]; then
+    echo "$out" >&3
+    exit 0
+fi
 [[ $(id -u) == 0 ]] || { echo "build-image.sh: must run as root (debootstrap, chroot)" >&2; exit 1; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/execgate-vm.XXXXXX")

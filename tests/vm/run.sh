@@ -26,14 +26,18 @@ payload=$(mktemp -d "${TMPDIR:-/tmp}/execgate-payload.XXXXXX")
 trap 'rm -rf "$payload"' EXIT
 
 # The VM has no network: what pip needs inside comes from here (trixie runs Python 3.13).
+# Lanes of the suite run at once (tests/run.sh): one downloads, the others wait for it.
+mkdir -p "$wheels_cache"
+exec 8>"$wheels_cache.lock"
+flock 8
 if [[ ! -f $wheels_cache/.done ]]; then
-    mkdir -p "$wheels_cache"
     python3 -m pip download --quiet --disable-pip-version-check -d "$wheels_cache" \
         --only-binary=:all: --python-version 3.13 --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 --implementation cp \
         "msgpack>=1.0" "setuptools>=61" wheel
     touch "$wheels_cache/.done"
 fi
+exec 8>&-
 mkdir -p "$payload/wheels"
 cp "$wheels_cache"/*.whl "$payload/wheels/"
 
