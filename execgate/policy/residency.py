@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from execgate.common.units import MiB
 from execgate.policy.pressure_state import Pressure
-
-MiB = 1 << 20
 
 
 @dataclass(frozen=True)

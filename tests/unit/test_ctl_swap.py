@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from execgate.common.units import GiB
 from execgate.ctl import swap
 
-GiB = 1 << 30
 HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from execgate.common import records
 from execgate.common.config import Config
+from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine
 from execgate.daemon.events import EventBus
@@ -16,7 +17,6 @@ from execgate.daemon.idle_sandboxes import Residency
 from execgate.policy.pressure import PressureConfig, assess_pressure
 from execgate.policy.residency import ResidencyConfig
 
-MiB = 1 << 20
 BUDGET = 1024 * MiB
 
 

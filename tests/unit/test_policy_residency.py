@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.common.units import MiB
 from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, plan
 
-MiB = 1 << 20
 CFG = ResidencyConfig(idle_after_s=20.0, keep_bytes=16 * MiB, reclaim_min_bytes=8 * MiB,
                       thaw_after_green_s=10.0)
 
