@@ -85,3 +85,20 @@ def test_daemon_settings_check_it_too() -> None:
     s, errors = settings.load(Config(tables={"residency": {"swap_max": "lots"}}))
     assert s.residency.swap_max == "" and "swap_max" in errors[0]
     assert settings.load(Config())[0].residency.swap_max == "max"
+
+
+def test_status_shows_where_a_sandboxs_memory_is(tmp_path: Path) -> None:
+    """memory.swap.current and memory.stat's anon/zswap fields per live sandbox (status.py)."""
+    from execgate.common import records
+    from execgate.daemon import status
+
+    cg = _cg(tmp_path)
+    (cg / "memory.current").write_text(f"{20 << 20}\n")
+    (cg / "memory.swap.current").write_text(f"{30 << 20}\n")
+    (cg / "memory.stat").write_text(f"anon {12 << 20}\nfile {4 << 20}\nzswap 0\nshmem 0\n")
+    state = tmp_path / "state"
+    records.save_container(str(state), {"id": "c1", "managed": True, "cgroup": str(cg)})
+    box = status.collect(Config(state_dir=str(state), journal=str(tmp_path / "j")))["sandboxes"][0]
+    assert box["memory_swap_current"] == 30 << 20 and box["memory_anon"] == 12 << 20
+    assert box["memory_file"] == 4 << 20 and box["memory_zswap"] == 0
+    assert "memory_zswapped" not in box  # not in this kernel's memory.stat: left out
