@@ -119,7 +119,7 @@ class Engine:
                                    settings.inside.default, self.events, clock)
         # Creates waiting for room (policy/sandbox_admission.py), and the domain's sandboxes.
         domain = None if settings.daemon.domain == "host" else settings.daemon.domain
-        self.sandboxes = Sandboxes(settings.sandboxes, settings.residency, cfg.state_dir, domain,
+        self.sandboxes = Sandboxes(settings.sandboxes, self.residency, cfg.state_dir, domain,
                                    self.events, clock)
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None

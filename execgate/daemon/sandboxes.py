@@ -7,19 +7,21 @@ that a create waits, the domain is measured into a `DomainSnapshot`:
 * budget and S from the period's `PressureReading` (`pressure.effective_margin`);
 * one `LiveSandbox` per live managed sandbox in the domain (from the container records):
   resident = its cgroup's memory.current less its running calls' memory; reclaimable = what
-  memory.reclaim could take (page cache, and anonymous memory as far as the sandbox may swap
-  and the host has swap free), counted only for a sandbox idle as long as residency waits
-  before it reclaims (`[residency] idle_after_s`): residency is what gives it back; idle_s
-  from the last tool call's start or end; next-call peak = the predicted peak of a call
-  waiting in it, else the largest call peak seen in it, else the configured default;
+  residency (`idle_sandboxes.py`, the hands that give it back) says memory.reclaim could take
+  from it now — page cache, anonymous memory as far as swap has room — for a sandbox with no
+  call running or waiting and not busy on its CPU; idle_s since its last call; next-call
+  peak = the predicted peak of a call waiting in it, else the largest call peak seen in it,
+  else the configured default;
 * running calls' charges (at least their current memory); other = the domain's use outside
   live sandboxes (the host's daemons, for domain "host").
 
 While nothing waits, the records are rescanned every RESCAN_S for the baselines: a sandbox's
 baseline is the larger of its resident memory before its first call and its init leaf's
 memory.peak, learned for its image when its record goes (the runtime's `delete` removes it).
-A create whose cgroup lies outside a cgroup domain is admitted at once: its memory is not the
-domain's to share. Baselines live in memory only: a restarted daemon starts from the defaults.
+A create admitted on bytes idle sandboxes can give back asks residency for them
+(`make_room`: reclaimed from the next period on, the longest idle first). A create whose cgroup
+lies outside a cgroup domain is admitted at once: its memory is not the domain's to share.
+Baselines live in memory only: a restarted daemon starts from the defaults.
 """
 
 from __future__ import annotations
@@ -34,10 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from execgate.cgroups import container, v2
-from execgate.common import meminfo, records
+from execgate.common import records
 from execgate.policy.headroom import LiveSandbox
 from execgate.policy.pressure import PressureReading
-from execgate.policy.residency import ResidencyConfig
 from execgate.policy.sandbox_admission import (
     DomainSnapshot,
     SandboxAdmission,
@@ -48,6 +49,7 @@ from execgate.policy.sandbox_admission import (
 )
 
 from .events import EventBus
+from .idle_sandboxes import Residency
 
 log = logging.getLogger("execgated")
 
@@ -78,24 +80,6 @@ def within(path: str, domain: str) -> bool:
     return path == domain or path.startswith(domain + "/")
 
 
-def reclaimable_bytes(cg: str, host_swap_free: int) -> int:
-    """What memory.reclaim could take from a sandbox now: its page cache, and its anonymous
-    memory as far as its memory.swap.max and the host's free swap let it go."""
-    stat = v2.read_keyed(cg, "memory.stat")
-    file_bytes = stat.get("file", 0)
-    anon = stat.get("anon", 0)
-    if anon <= 0 or host_swap_free <= 0:
-        return file_bytes
-    try:
-        raw = v2.read(cg, "memory.swap.max").strip()
-    except OSError:
-        return file_bytes
-    room = host_swap_free
-    if raw != "max":
-        room = min(room, max(int(raw) - (v2.read_int(cg, "memory.swap.current") or 0), 0))
-    return file_bytes + min(anon, room)
-
-
 @dataclass
 class Box:
     """A live managed sandbox, as sandbox admission follows it."""
@@ -112,11 +96,11 @@ class Box:
 class Sandboxes:
     """Waiting creates, the live sandboxes of the domain, and the policy between them."""
 
-    def __init__(self, cfg: SandboxAdmissionConfig, residency: ResidencyConfig, state_dir: str,
+    def __init__(self, cfg: SandboxAdmissionConfig, residency: Residency, state_dir: str,
                  domain: str | None, events: EventBus,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
-        self.residency = residency
+        self.residency = residency  # what idle sandboxes can give back, and make_room
         self.domain = domain  # a cgroup directory, or None for the host
         self.events = events
         self.clock = clock
@@ -191,9 +175,14 @@ class Sandboxes:
         self._rescan(now, calls)
         snap = self._snapshot(reading, used, calls, set(busy()), activity, queued_peaks())
         self.last = snap
+        pushable = sum(s.pushable_bytes for s in snap.sandboxes)
         for d in self.policy.step(snap):
             if not d.start:
                 continue
+            # Admitted on what idle sandboxes can give back: have them give it.
+            deficit = d.need_bytes + pushable - d.room_bytes
+            if d.verdict is Verdict.ADMITTED and pushable and deficit > 0:
+                self.residency.make_room(max(self.residency.room_wanted(), deficit))
             _msg, fut = self.waiting.pop(d.sandbox_id, (None, None))
             if fut is not None and not fut.done():
                 fut.set_result(d)
@@ -211,8 +200,9 @@ class Sandboxes:
                   queued: Mapping[str, int]) -> DomainSnapshot:
         now = self.clock()
         res = self.residency
-        pushes = res.enabled and res.reclaim
-        swap_free = _host_swap_free() if pushes else 0
+        pushes = res.cfg.enabled and res.cfg.reclaim
+        if pushes:  # renews no more than was asked (it rescans the records too)
+            res.make_room(res.room_wanted())
         in_calls: dict[str, int] = {}
         for c in calls.values():
             in_calls[c.container] = in_calls.get(c.container, 0) + c.last_mem
@@ -224,11 +214,11 @@ class Sandboxes:
             total += mem
             resident = max(mem - in_calls.get(box.cid, 0), 0)
             idle: float | None = None
-            if pushes and box.cid not in busy:
-                idle = now - max(activity.get(box.cid, box.created), box.created)
-                if idle < res.idle_after_s:
-                    idle = None  # residency gives back only what has been idle this long
-            reclaim = reclaimable_bytes(box.cgroup, swap_free) if idle is not None else 0
+            reclaim = 0
+            held = res.boxes.get(box.cid) if pushes and box.cid not in busy else None
+            if held is not None and held.busy is not True:  # not at work without a call
+                idle = max(now - max(activity.get(box.cid, box.created), box.created), 0.0)
+                reclaim = res.reclaimable_bytes(box.cid, busy)
             peak = queued.get(box.cid) or box.call_peak or self.cfg.default_call_peak_bytes
             live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak))
         running = [max(int(c.extra.get("charge") or 0), c.last_mem) for c in calls.values()]
@@ -286,10 +276,3 @@ class Sandboxes:
                                                  "next_call_peak": s.next_call_peak_bytes}
                                   for s in last.sandboxes}}}
 
-
-def _host_swap_free() -> int:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            return meminfo.field(f.read(), "SwapFree") or 0
-    except OSError:
-        return 0

@@ -1,12 +1,14 @@
 """Sandbox admission (issue 15 §1): a managed container's create waits, before runc create,
 until its predicted baseline and room for one call fit; a dead daemon or an expired wait lets
-it through (fail open, counted)."""
+it through (fail open, counted); an idle sandbox's memory pushed into compressed swap makes the
+room (§2)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import time
+from pathlib import Path
 
 from conftest import (
     IMAGE,
@@ -26,10 +28,12 @@ SLICE = "egsa.slice"
 BUDGET = 256 * MiB  # S = 32 MiB (1/8 of it): room 224 MiB
 FILL_MIB = 150  # the filler's init holds this: 150 + 64 baseline + 32 one call > 224
 # A new image's baseline and a sandbox's next call before any history; residency gives nothing
-# back within the test (idle_after_s), so the filler's memory is pinned.
+# back (reclaim off), so the filler's memory is pinned ...
 CONFIG = ('[sandbox_admission]\ndefault_baseline_bytes = "64m"\n'
           'default_call_peak_bytes = "32m"\nmax_start_wait_s = {wait}\n'
-          "[residency]\nidle_after_s = 600.0\n")
+          "[residency]\nreclaim = {reclaim}\n")
+PINNED = CONFIG.format(wait="{wait}", reclaim="false")
+# ... except where the test gives it swap to go to.
 FILLER = ("memload", "--peak-mib", str(FILL_MIB), "--duration", "3600", "--hold", "3600")
 
 
@@ -81,7 +85,7 @@ def _waiting() -> dict | None:
 
 def test_a_create_waits_for_room_and_starts_when_a_sandbox_leaves(
         containers: Containers) -> None:
-    with memory_domain(containers, SLICE, BUDGET, 1, CONFIG.format(wait=100.0)):
+    with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait=100.0)):
         filler = _fill(containers)
         t0 = time.monotonic()
         proc = _create(containers, "egsa-second")
@@ -114,7 +118,7 @@ def test_a_create_waits_for_room_and_starts_when_a_sandbox_leaves(
 
 
 def test_an_expired_wait_and_a_dead_daemon_let_creates_through(containers: Containers) -> None:
-    with memory_domain(containers, SLICE, BUDGET, 1, CONFIG.format(wait=10.0)):
+    with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait=10.0)):
         _fill(containers)
         cid = _finish(_create(containers, "egsa-late"))
         start = _start_of(cid)
@@ -131,3 +135,33 @@ def test_an_expired_wait_and_a_dead_daemon_let_creates_through(containers: Conta
         assert start["waited_s"] == 0.0
         out = docker("exec", dead, "echo", "alone")
         assert out.stdout == b"alone\n", out
+
+
+def test_an_idle_sandbox_makes_room_for_a_create_through_compressed_swap(
+        containers: Containers, tmp_path: Path) -> None:
+    from test_residency import _compressed_swap
+
+    with _compressed_swap(str(tmp_path)), \
+            memory_domain(containers, SLICE, BUDGET, 1,
+                          CONFIG.format(wait=100.0, reclaim="true")):
+        filler = _fill(containers)
+        cg = container_cgroup(filler)
+        cid = _finish(_create(containers, "egsa-swapped"))
+        start = _start_of(cid)
+        # Admitted on what the idle filler can give back, not after the whole wait.
+        assert start["verdict"] == "admitted" and start["waited_s"] < 60, start
+        wait_for(lambda: _memory_swapped(cg) > 4 * MiB, timeout=180, interval=0.5,
+                 what="the filler's memory pushed into swap")
+        res = ctl_status()["daemon"]["residency"]
+        print(f"create waited {start['waited_s']:.1f} s; filler swapped "
+              f"{_memory_swapped(cg) >> 20} MiB; residency {res}")
+        for box, word in ((cid, "new"), (filler, "idle")):  # both run normally
+            out = docker("exec", box, "echo", word)
+            assert out.stdout == f"{word}\n".encode(), out
+        docker("rm", "-f", filler, cid)  # before the swap goes: nothing left to swap back in
+        containers.ids.remove(filler)
+
+
+def _memory_swapped(cg: str) -> int:
+    with open(os.path.join(cg, "memory.swap.current")) as f:
+        return int(f.read())
