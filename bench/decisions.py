@@ -126,3 +126,17 @@ def annotate_calls(calls: Sequence[dict[str, Any]], journal: Sequence[Mapping[st
                     "actions": [e.get("action") for e in acts]}
             prev_end = c["end"]
     return by_id
+
+
+def annotate_attempts(attempts: Sequence[dict[str, Any]],
+                      events: Sequence[Mapping[str, Any]]) -> None:
+    """Add `sandbox_admission` (the daemon's word on the sandbox's create: waited_s, verdict
+    (admitted, or a fail-open start), its reason) to each attempt whose container it admitted,
+    in place."""
+    verdicts = {str(e.get("sandbox")): e for e in events
+                if e.get("of") == "sandbox" and e.get("event") == "admitted"}
+    for a in attempts:
+        e = verdicts.get(str(a.get("container")))
+        if e is not None:
+            a["sandbox_admission"] = {k: e.get(k) for k in ("waited_s", "verdict", "reason",
+                                                            "need", "room") if k in e}

@@ -113,14 +113,16 @@ HEADER = ["scheme", "tasks done", "makespan s (trace s)", "latency P50 / P95 s",
           "call delay P50 s"]
 
 
-WHY_HEADER = ["scheme", "kernel OOM kills: inits / calls", "calls waited / forced / held",
+WHY_HEADER = ["scheme", "kernel OOM kills: inits / calls", "sandboxes held / longest s",
+              "calls waited / forced / held",
               "admission wait max s", "reclaimed MiB", "swap peak MiB", "zram ratio"]
 
 
 def _zram_ratio(run: dict[str, Any]) -> float | None:
-    """orig / compr of what this run added to the zram device (None: no zram, nothing in)."""
+    """orig / compr of what this run added to the zram device at its fullest (None: no zram,
+    nothing in)."""
     sw = run.get("swap") or {}
-    a, b = sw.get("zram_before") or {}, sw.get("zram_after") or {}
+    a, b = sw.get("zram_before") or {}, sw.get("zram_peak") or {}
     if not a or not b:
         return None
     orig = b.get("orig_bytes", 0) - a.get("orig_bytes", 0)
@@ -139,10 +141,14 @@ def _why_row(run: dict[str, Any]) -> list[str]:
     reclaimed = sum((c.get("residency") or {}).get("reclaimed_bytes", 0) for c in calls)
     sw = run.get("swap") or {}
     daemon = run.get("scheme_def", {}).get("daemon")
+    held_boxes = [a["sandbox_admission"].get("waited_s") or 0 for a in run.get("attempts", [])
+                  if a.get("sandbox_admission")]
     return [
         label(run),
         f"{m.get('kills_init', '–')} / {m.get('kills_call', '–')}"
         + (f" (+{m['kills_unattributed']} unattributed)" if m.get("kills_unattributed") else ""),
+        (f"{sum(w >= 1 for w in held_boxes)} / {_num(max(held_boxes, default=0))}"
+         if daemon else "–"),
         f"{waited} / {forced} / {held}" if daemon else "–",
         _num(m.get("admission_wait_max_s")) if daemon else "–",
         _num(reclaimed / MiB, "{:.0f}") if daemon else "–",

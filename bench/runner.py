@@ -98,6 +98,7 @@ class Replayer:
         self.containers: list[str] = []
         self.unmanaged: dict[str, str] = {}  # execgate sandboxes left as plain runc, and why
         self.boxes: dict[str, dict[str, Any]] = {}  # container -> task, attempt, init_pid
+        self.zram_peak: dict[str, int] | None = None  # zram's mm_stat when it held the most
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -115,6 +116,9 @@ class Replayer:
             if cur is not None:
                 self.samples.append((round(t, 3), cur, self.running, self.inflight, self.queued,
                                      self.host.swap_current() or 0))
+            z = self.host.swap_stats()
+            if z and (self.zram_peak is None or z["orig_bytes"] > self.zram_peak["orig_bytes"]):
+                self.zram_peak = z
             if t - last_check > 1.0:  # systemd may re-apply the slice's properties
                 last_check = t
                 if not self.host.budget_ok(self.budget):
@@ -395,7 +399,8 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         finally:
             host.stop_events()
         result["swap"] = {"on": swap, "slice_swap_max": host.swap_limit,
-                          "zram_before": zram_before, "zram_after": host.swap_stats(),
+                          "zram_before": zram_before, "zram_peak": rep.zram_peak,
+                          "zram_after": host.swap_stats(),
                           "swap_peak_bytes": max((r[5] for r in rep.samples), default=0)}
         result["metrics"]["kernel_oom_kills"] = oom_kill_count(host.cgroup) - oom_before
         boxes = set(rep.containers)
@@ -405,6 +410,7 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
             if scheme.daemon and events_path else []
         result["metrics"].update(decisions.journal_stats(entries) if entries else {})
         by_id = decisions.annotate_calls(result["calls"], entries, events, rep.t0_epoch)
+        decisions.annotate_attempts(result["attempts"], events)
         result["daemon_events"] = events
         result["kills"] = _attribute_kills(
             kills.parse_kills(r for r in host.kernel_log() if r[0] > kseq), rep, by_id)

@@ -119,10 +119,10 @@ NO_RESIDENCY = replace(EXECGATE, name="execgate-noresidency", family="execgate-n
                        daemon_tables={"residency": {"enabled": False}},
                        description="ablation: execgated admitting calls, idle sandboxes left "
                                    "resident (no reclaim, no freeze)")
-# [sandboxes] admission: the runtime's create asks the daemon before a sandbox starts.
+# [sandbox_admission] enabled: the runtime's create asks the daemon before a sandbox starts.
 NO_SANDBOX_ADMISSION = replace(EXECGATE, name="execgate-nosandboxadmit",
                                family="execgate-nosandboxadmit",
-                               daemon_tables={"sandboxes": {"admission": False}},
+                               daemon_tables={"sandbox_admission": {"enabled": False}},
                                description="ablation: execgated admitting calls, sandboxes "
                                            "start on arrival (no sandbox admission)")
 # [residency] swap_max = 0 on the sandboxes, and the slice's memory.swap.max = 0: idle memory
@@ -493,6 +493,9 @@ _SCALED_TABLES = {
     "admission": "execgate.policy.admission:AdmissionConfig",
     "estimate": "execgate.policy.estimate:EstimateConfig",
     "growth": "execgate.policy.growth:GrowthConfig",
+    "residency": "execgate.policy.residency:ResidencyConfig",
+    # a sandbox's default baseline and next-call peak (256 MiB: 6x a scaled sandbox's)
+    "sandbox_admission": "execgate.policy.sandbox_admission:SandboxAdmissionConfig",
 }
 
 

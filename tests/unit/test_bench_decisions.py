@@ -146,7 +146,7 @@ def test_every_scheme_of_a_point_shares_its_swap_setting() -> None:
 def test_the_new_ablations_and_the_swap_setting_reach_the_daemon_config() -> None:
     dom = "/sys/fs/cgroup/egbench.slice"
     nosa = S.bench_config({}, S.SCHEMES["execgate-nosandboxadmit"], domain=dom, swap=True)
-    assert nosa["sandboxes"] == {"admission": False} and "residency" not in nosa
+    assert nosa["sandbox_admission"] == {"enabled": False} and "residency" not in nosa
     nosw = S.bench_config({}, S.SCHEMES["execgate-noswap"], domain=dom, swap=False)
     assert nosw["residency"] == {"swap_max": 0}
     plain = S.bench_config({"residency": {"idle_after_s": 5}}, S.EXECGATE, domain=dom,
@@ -155,6 +155,10 @@ def test_the_new_ablations_and_the_swap_setting_reach_the_daemon_config() -> Non
     assert "swap_max" not in S.bench_config({}, S.EXECGATE, domain=dom, swap=True).get(
         "residency", {})
     assert "residency" not in S.bench_config({}, S.EAGER, domain=dom, swap=False)
+    # the sandbox admission's default baseline and call peak shrink with the workload's memory
+    scaled = S.bench_config({}, S.EXECGATE, domain=dom, mem_scale=8, swap=True)
+    assert scaled["sandbox_admission"]["default_baseline_bytes"] == 32 << 20
+    assert scaled["sandbox_admission"]["default_call_peak_bytes"] == 32 << 20
 
 
 def test_burst_arrivals_fall_within_their_window_the_same_for_every_run() -> None:
@@ -191,3 +195,14 @@ def test_the_burst_workload_keeps_the_waits_and_plan_shows_it(
     assert "runs eager+swap, execgate; not here: eager: the same run" in out
     with pytest.raises(ValueError, match="idle-scale must be 1"):
         _args("--keep-waits", "--idle-scale", "0.05")
+
+
+def test_an_attempt_gets_its_sandbox_admission() -> None:
+    attempts = [{"container": CID}, {"container": OTHER}, {"container": None}]
+    events = [{"event": "admitted", "of": "sandbox", "sandbox": CID, "waited_s": 62.1,
+               "verdict": "admitted", "reason": "nothing live", "need": 5, "room": 3},
+              {"event": "admitted", "call": "tool-1", "sandbox": OTHER, "waited_s": 1.0}]
+    decisions.annotate_attempts(attempts, events)
+    assert attempts[0]["sandbox_admission"] == {"waited_s": 62.1, "verdict": "admitted",
+                                                "reason": "nothing live", "need": 5, "room": 3}
+    assert "sandbox_admission" not in attempts[1] and "sandbox_admission" not in attempts[2]

@@ -341,6 +341,9 @@ class FakeHost:
     def swap_current(self) -> int:
         return 0
 
+    def swap_stats(self) -> None:
+        return None
+
     def init_pid(self, cid: str) -> int:
         return 1000 + int(cid[1:])
 
