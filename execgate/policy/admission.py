@@ -5,22 +5,8 @@ wait briefly instead of OOM-killing them. Pure and deterministic: no threads, no
 from the injected clock. The daemon calls `submit`, `release` and `cancel` as calls come and go and
 `step` every control period (and right after submit/release) with the latest PressureReading.
 
-A call is admitted when both gates pass:
-
-* Logical budget (ToolSched §3.2): the sum of admitted charges plus this call's charge stays within
-  budget − S. The charge interpolates between predicted average and peak,
-  M̃ = (1−α)·M̂avg + α·M̂peak with α = clamp(M_admitted / M_window, 0, 1): an idle domain packs
-  calls by their average (they rarely peak together), a busy one charges peaks (no slack left to
-  absorb a coincident peak). A charge is frozen when its call is admitted.
-* Physical gate on Q(t) (TenonAgent §3.4): green admits; yellow admits calls whose peak fits the
-  effective headroom (headroom minus the growth still predicted for admitted calls) when they are
-  light (predicted peak < `yellow_peak_limit_bytes`) or their peak is a prediction backed by a
-  declaration or observed history; a heavy call whose peak is only a class default (a guess)
-  must also leave the red region free. (The light-only rule alone let a small domain run one
-  call at a time: every admitted call's own predicted growth turns it yellow.) Red admits only
-  one headroom-checked *probe* at a time, so the domain keeps making progress without a
-  stampede. Headroom used by calls admitted earlier in the same step is subtracted before the
-  next check.
+A call is admitted when both gates pass (admission_gates.py): the logical budget (ToolSched
+§3.2) and the physical gate on Q(t) (TenonAgent §3.4).
 
 Queues (ToolSched §3.3): calls with predicted peak ≥ `heavy_peak_bytes` wait in the heavy queue,
 the rest in the light queue; both share the budget. Light calls are tried first to keep capacity
@@ -59,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from execgate.common.units import GiB, MiB
+from execgate.policy.admission_gates import logical_charge, physical_gate
 from execgate.policy.estimate import CallInfo, Demand, Estimator
 from execgate.policy.headroom import NoForce, no_force
 from execgate.policy.pressure import (
@@ -146,18 +133,6 @@ class _Entry:
     admitted_at: float = 0.0
     forced: bool = False
     probe: bool = False
-
-
-def logical_charge(demand: Demand, admitted: int, window: int) -> int:
-    """M̃ = (1−α)·avg + α·peak, α = clamp(admitted / window, 0, 1), rounded up to a byte.
-
-    Integer arithmetic keeps it exact and deterministic (ToolSched §3.2).
-    """
-    avg, peak = demand.avg_bytes, demand.peak_bytes
-    if window <= 0:
-        return peak
-    used = min(max(admitted, 0), window)
-    return avg + -(-(peak - avg) * used // window)
 
 
 class Admission:
@@ -264,8 +239,10 @@ class Admission:
                 reserve = 0 if is_target else self._reserve(window, logical)
                 if self._admitted_bytes + charge + reserve > logical:
                     continue
-                verdict = self._physical_gate(entry, reading.state, headroom_left,
-                                              reading.red_limit)
+                verdict = physical_gate(entry.demand, reading.state, headroom_left,
+                                        reading.red_limit, self.config.yellow_peak_limit_bytes,
+                                        probe_free=self._probe is None,
+                                        alone=not self._running)
                 if verdict is None:
                     continue
                 probe, why = verdict
@@ -464,43 +441,6 @@ class Admission:
         yield from sorted(light, key=self._key)
         heavy.sort(key=lambda e: (e.call.call_id != self._target, self._key(e)))
         yield from heavy
-
-    def _physical_gate(
-        self, entry: _Entry, state: Pressure, headroom: int, red_limit: int = 0
-    ) -> tuple[bool, str] | None:
-        """(probe, why) if Q(t) lets this call in, else None (TenonAgent §3.4)."""
-        peak = entry.demand.peak_bytes
-        if state is Pressure.GREEN:
-            # Green still respects current headroom: calls admitted in this step, or since the
-            # last sample, have not grown yet. A call larger than all headroom goes alone.
-            if peak <= headroom:
-                return False, f"green: peak {fmt_bytes(peak)} fits headroom {fmt_bytes(headroom)}"
-            if not self._running:
-                return False, f"green, nothing running: peak {fmt_bytes(peak)} goes alone"
-            return None
-        if state is Pressure.YELLOW:
-            limit = self.config.yellow_peak_limit_bytes
-            if peak < limit and peak <= headroom:
-                return False, (
-                    f"yellow: light peak {fmt_bytes(peak)} < {fmt_bytes(limit)} fits "
-                    f"effective headroom {fmt_bytes(headroom)}"
-                )
-            if peak > headroom:
-                return None
-            if not entry.demand.source.startswith("class-default"):
-                return False, (
-                    f"yellow: peak {fmt_bytes(peak)} ({entry.demand.source}) fits effective "
-                    f"headroom {fmt_bytes(headroom)}"
-                )
-            if peak <= headroom - red_limit:
-                return False, (
-                    f"yellow: guessed peak {fmt_bytes(peak)} fits effective headroom "
-                    f"{fmt_bytes(headroom)} above the red region {fmt_bytes(red_limit)}"
-                )
-            return None
-        if self._probe is None and peak <= headroom:
-            return True, f"red probe: peak {fmt_bytes(peak)} fits headroom {fmt_bytes(headroom)}"
-        return None
 
     def _admit(
         self, entry: _Entry, now: float, charge: int, forced: bool, probe: bool, reason: str
