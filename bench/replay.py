@@ -31,8 +31,9 @@ import sys
 from collections.abc import Sequence
 
 from bench.host import CONFIG, BenchError
-from bench.schemes import ARRIVALS, DEFAULT_SCHEMES, DEFAULT_STATIC_K, parse_schemes
+from bench.schemes import DEFAULT_SCHEMES, DEFAULT_STATIC_K, parse_schemes
 from bench.sweep import SWAP_MODES, build_points, execute, int_list, print_plan, workload_of
+from bench.workload import ARRIVALS
 
 # The demo: a burst of five sandboxes into a 384 MiB slice. Five generated tasks (seed 13), memory
 # /6, each cut to its three heaviest tool calls with the think time between them shrunk 20x, then

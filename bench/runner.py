@@ -24,15 +24,14 @@ from bench.host import LABEL, Host, Log, oom_kill_count
 from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
 from bench.schemes import (
     Scheme,
-    Workload,
     admit_fifo,
     bench_config,
     exec_argv,
-    hint_for,
     make_gate,
     sandbox_command,
 )
 from bench.trace import LlmWait, Task, ToolCall, profiled_peak
+from bench.workload import Workload, hint_for
 from execgate.common.units import MiB
 
 OOM_EXIT = 137

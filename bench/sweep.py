@@ -25,18 +25,16 @@ from bench.generate import generate
 from bench.host import BenchError, Host, Log
 from bench.metrics import RETRY_LIMIT
 from bench.runner import RunSettings, run_scheme
-from bench.schemes import (
-    Scheme,
+from bench.schemes import Scheme, parse_schemes, schemes_at
+from bench.trace import Task, load_tasks, profiled_peak, save_tasks
+from bench.workload import (
     Workload,
     arrival_schedule,
     budget_for_oversubscription,
     eager_peak_estimate,
     oversubscription,
-    parse_schemes,
     prepare,
-    schemes_at,
 )
-from bench.trace import Task, load_tasks, profiled_peak, save_tasks
 from execgate.common.hints import parse_size
 from execgate.common.units import MiB
 

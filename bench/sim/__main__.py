@@ -23,13 +23,14 @@ from typing import Any
 
 from bench.generate import generate
 from bench.metrics import RETRY_LIMIT
-from bench.schemes import arrival_schedule, bench_config, oversubscription
+from bench.schemes import bench_config
 from bench.sim import policy_rev
 from bench.sim import schemes as sim_schemes
 from bench.sim.cost import CostModel, fit_results, fixed, load_results
 from bench.sim.memory import MemoryConfig
 from bench.sim.run import SimSettings, simulate
 from bench.sim.validate import cost_lines, summary, table, tasks_of, validate
+from bench.workload import arrival_schedule, oversubscription
 from execgate.common.hints import parse_size
 from execgate.common.units import MiB
 

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
-from bench.schemes import Scheme, admit_fifo, hint_for, make_gate
+from bench.schemes import Scheme, admit_fifo, make_gate
 from bench.sim.cost import CostModel, fixed
 from bench.sim.hands import ExecgateHands, declared_bytes, settings_from_config
 from bench.sim.memory import Domain, MemoryConfig, SimBox, SimCall
 from bench.sim.schemes import sandbox_admission
 from bench.trace import LlmWait, Task, memload_argv, profiled_peak
+from bench.workload import hint_for
 
 OOM_EXIT = 137
 DEFAULT_OOM_ADJ = 500  # execgate's tool_oom_score_adj default

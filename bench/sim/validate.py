@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.generate import generate
-from bench.schemes import Workload, bench_config, prepare
+from bench.schemes import bench_config
 from bench.sim import schemes as sim_schemes
 from bench.sim.cost import CostModel, fit_results, load_results, residual_table
 from bench.sim.run import SimSettings, simulate
 from bench.trace import Task, load_tasks
+from bench.workload import Workload, prepare
 
 METRICS = (("tasks_completed", "done"), ("oom_kills", "OOM"), ("makespan_s", "makespan"),
            ("latency_arrival_p50_s", "P50"))

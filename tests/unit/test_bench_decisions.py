@@ -10,6 +10,7 @@ import pytest
 
 from bench import decisions, kills, replay, swap
 from bench import schemes as S
+from bench import workload as W
 from bench.runner import keep_stderr
 from bench.sweep import build_points
 
@@ -162,12 +163,12 @@ def test_the_new_ablations_and_the_swap_setting_reach_the_daemon_config() -> Non
 
 
 def test_burst_arrivals_fall_within_their_window_the_same_for_every_run() -> None:
-    a = S.arrival_schedule(6, 3, "burst", window_s=10.0)
-    assert a == S.arrival_schedule(6, 3, "burst", window_s=10.0) == sorted(a)
+    a = W.arrival_schedule(6, 3, "burst", window_s=10.0)
+    assert a == W.arrival_schedule(6, 3, "burst", window_s=10.0) == sorted(a)
     assert a[0] == 0.0 and all(0 <= x <= 10.0 for x in a) and len(set(a)) == 6
-    assert S.arrival_schedule(3, 3, "burst") == [0.0, 0.0, 0.0]
+    assert W.arrival_schedule(3, 3, "burst") == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError):
-        S.arrival_schedule(3, 3, "burst", window_s=-1)
+        W.arrival_schedule(3, 3, "burst", window_s=-1)
 
 
 def _args(*argv: str) -> object:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bench import schemes as S
+from bench import workload as W
 from bench.generate import generate
 from bench.trace import LlmWait, MemoryProfile, Task, ToolCall, profiled_peak
 from execgate.common.hints import parse
@@ -103,21 +104,21 @@ def test_the_growth_gate_ablation_turns_the_daemons_gate_off() -> None:
 def test_memory_scale_divides_every_byte_count() -> None:
     t = Task("t", [LlmWait(1), _call(800, retained_mib=40), LlmWait(1), _call(3000)],
              185 * MiB, {"speed": 2.0})
-    s = S.scale_memory(t, 8)
+    s = W.scale_memory(t, 8)
     assert s.baseline_bytes == round(185 * MiB / 8)
     c0 = s.tool_calls[0].memory
     assert (c0.peak_bytes, c0.baseline_bytes, c0.retained_bytes) == (100 * MiB, 50 * MiB, 5 * MiB)
     assert profiled_peak(s) == pytest.approx(profiled_peak(t) / 8, abs=2)
     assert s.metadata == {"speed": 2.0, "mem_scale": 8.0}
-    assert S.scale_memory(s, 2).metadata["mem_scale"] == 16.0
+    assert W.scale_memory(s, 2).metadata["mem_scale"] == 16.0
     assert t.tool_calls[0].memory.peak_bytes == 800 * MiB  # input untouched
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError):
-            S.scale_memory(t, bad)
+            W.scale_memory(t, bad)
 
 
 def test_scaled_generated_traces_fit_a_small_vm() -> None:
-    tasks = S.prepare(generate(6, 1), S.Workload(speed=20, mem_scale=8))
+    tasks = W.prepare(generate(6, 1), W.Workload(speed=20, mem_scale=8))
     assert max(profiled_peak(t) for t in tasks) < 1024 * MiB
     assert all(t.metadata["speed"] == 20 and t.metadata["mem_scale"] == 8 for t in tasks)
     assert all(c.memory.cpu_share <= 0.25 for t in tasks for c in t.tool_calls)
@@ -126,34 +127,34 @@ def test_scaled_generated_traces_fit_a_small_vm() -> None:
 def test_fold_keeps_time_and_heaviest_calls() -> None:
     t = Task("t", [LlmWait(1), _call(5, 2), _call(300, 3), LlmWait(1), _call(100, 4),
                    _call(2, 5), LlmWait(2)], 0)
-    f = S.fold_calls(t, min_peak_bytes=10 * MiB)
+    f = W.fold_calls(t, min_peak_bytes=10 * MiB)
     assert f.duration_s == pytest.approx(t.duration_s)
     assert [c.memory.peak_bytes // MiB for c in f.tool_calls] == [300, 100]
     assert [type(s).__name__ for s in f.steps] == ["LlmWait", "ToolCall", "LlmWait", "ToolCall",
                                                   "LlmWait"]  # adjacent idle merged
     assert f.steps[0].duration_s == 3 and f.steps[-1].duration_s == 7
     assert f.metadata["folded_calls"] == 2
-    top = S.fold_calls(t, max_calls=1)
+    top = W.fold_calls(t, max_calls=1)
     assert [c.memory.peak_bytes // MiB for c in top.tool_calls] == [300]
-    assert S.fold_calls(t, max_calls=0).tool_calls == []
+    assert W.fold_calls(t, max_calls=0).tool_calls == []
 
 
 def test_idle_scale_shrinks_only_the_waits() -> None:
     t = _task("t", 100, 50, gap=10.0)
-    s = S.scale_idle(t, 0.1)
+    s = W.scale_idle(t, 0.1)
     assert [c.duration_s for c in s.tool_calls] == [c.duration_s for c in t.tool_calls]
     assert s.llm_wait_s == pytest.approx(t.llm_wait_s * 0.1)
     assert s.metadata["idle_scale"] == pytest.approx(0.1)
-    w = S.prepare([t], S.Workload(speed=2, mem_scale=1, cpu_scale=1, idle_scale=0.5))[0]
+    w = W.prepare([t], W.Workload(speed=2, mem_scale=1, cpu_scale=1, idle_scale=0.5))[0]
     assert w.duration_s == pytest.approx((t.llm_wait_s * 0.5 + 2.0) / 2)
     with pytest.raises(ValueError):
-        S.scale_idle(t, -1)
+        W.scale_idle(t, -1)
 
 
 def test_hint_is_the_profiled_peak_and_parses() -> None:
     call = _call(250)
-    assert S.hint_for(call) == "memory:265m"
-    parsed = parse(S.hint_for(call))
+    assert W.hint_for(call) == "memory:265m"
+    parsed = parse(W.hint_for(call))
     assert parsed.error is None and parsed.hint is not None
     assert parsed.hint.memory_bytes >= call.memory.peak_bytes
     argv = S.exec_argv("cid", call, hints=True)
@@ -174,18 +175,18 @@ def test_sandbox_holds_the_framework_baseline() -> None:
 
 
 def test_arrival_schedules_are_deterministic() -> None:
-    a = S.arrival_schedule(20, 7, "poisson", 30)
-    assert a == S.arrival_schedule(20, 7, "poisson", 30)
-    assert a != S.arrival_schedule(20, 8, "poisson", 30)
+    a = W.arrival_schedule(20, 7, "poisson", 30)
+    assert a == W.arrival_schedule(20, 7, "poisson", 30)
+    assert a != W.arrival_schedule(20, 8, "poisson", 30)
     assert a[0] == 0 and a == sorted(a)
-    assert S.arrival_schedule(30, 7, "poisson", 30)[:20] == a  # more tasks, same first ones
-    assert S.arrival_schedule(4, 1, "burst") == [0.0] * 4
-    assert S.arrival_schedule(3, 1, "staggered", 5) == [0, 5, 10]
-    gaps = [b - a for a, b in zip(*(lambda x: (x, x[1:]))(S.arrival_schedule(4000, 3)),
+    assert W.arrival_schedule(30, 7, "poisson", 30)[:20] == a  # more tasks, same first ones
+    assert W.arrival_schedule(4, 1, "burst") == [0.0] * 4
+    assert W.arrival_schedule(3, 1, "staggered", 5) == [0, 5, 10]
+    gaps = [b - a for a, b in zip(*(lambda x: (x, x[1:]))(W.arrival_schedule(4000, 3)),
                                   strict=False)]
     assert statistics.mean(gaps) == pytest.approx(30, rel=0.1)
     with pytest.raises(ValueError):
-        S.arrival_schedule(3, 1, "uniform")
+        W.arrival_schedule(3, 1, "uniform")
 
 
 # -- runner-side gates ---------------------------------------------------------------------------
@@ -222,17 +223,17 @@ def test_reservation_gate_is_fifo_and_admits_an_oversized_task_alone() -> None:
 
 def test_budget_for_oversubscription() -> None:
     tasks = [_task(f"t{i}", 100) for i in range(10)]  # 100 MiB each
-    b = S.budget_for_oversubscription(tasks, 4)
-    assert b == 250 * MiB and S.oversubscription(tasks, b) == pytest.approx(4)
-    assert S.budget_for_oversubscription(tasks, 100, floor_bytes=110 * MiB) == 110 * MiB
+    b = W.budget_for_oversubscription(tasks, 4)
+    assert b == 250 * MiB and W.oversubscription(tasks, b) == pytest.approx(4)
+    assert W.budget_for_oversubscription(tasks, 100, floor_bytes=110 * MiB) == 110 * MiB
 
 
 def test_eager_peak_estimate_adds_coincident_tasks() -> None:
     one = _task("a", 100)
-    assert S.eager_peak_estimate([one], [0]) == pytest.approx(100 * MiB)
-    assert S.eager_peak_estimate([one, replace(one, id="b")], [0, 0]) == pytest.approx(
+    assert W.eager_peak_estimate([one], [0]) == pytest.approx(100 * MiB)
+    assert W.eager_peak_estimate([one, replace(one, id="b")], [0, 0]) == pytest.approx(
         200 * MiB)
-    assert S.eager_peak_estimate([one, replace(one, id="b")], [0, 100]) == pytest.approx(
+    assert W.eager_peak_estimate([one, replace(one, id="b")], [0, 100]) == pytest.approx(
         100 * MiB)
 
 
