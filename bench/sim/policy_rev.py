@@ -33,10 +33,11 @@ def _git(*args: str) -> bytes:
 def extract(rev: str, dest: Path) -> Path:
     """dest/execgate as it was at rev, laid over the working tree's package; returns dest.
 
-    Every module rev had is rev's; modules added since (execgate.common.units, which bench/
-    imports) stay the working tree's, so today's bench/ can still import what it needs."""
+    policy/ is rev's alone (the decision code under test: a module added since, such as
+    sandbox_admission.py, must not appear). Elsewhere every module rev had is rev's, and modules
+    added since (execgate.common.units, which bench/ imports) stay the working tree's."""
     shutil.copytree(REPO / "execgate", dest / "execgate",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+                    ignore=shutil.ignore_patterns("__pycache__", "policy"))
     names = _git("ls-tree", "--name-only", rev).decode().split()
     if "execgate" in names:
         mapping = {"execgate": "execgate"}

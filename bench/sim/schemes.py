@@ -1,9 +1,10 @@
 """Schemes only the simulator runs, beside bench/schemes.py's (which the VM runs too).
 
-`execgate-sandboxadmit`: execgate plus sandbox admission (execgate/policy/sandbox_admission.py,
-issue 15 §1): a sandbox's create waits until its predicted baseline and one call fit beside what
-cannot be pushed out. The daemon does not wire it yet; when it does, the bench gets the same
-scheme and this entry moves to bench/schemes.py (`_ABLATIONS`).
+Sandbox admission (execgate/policy/sandbox_admission.py, issue 15 §1: a sandbox's create waits
+until its predicted baseline and one call fit beside what cannot be pushed out) runs for every
+scheme with the daemon, as in the daemon, unless its config's `[sandbox_admission] enabled` is
+false (`execgate-nosandboxadmit`) or the policy revision has none (`--policy-rev` of a VM run
+before it). `execgate-sandboxadmit` forces it on, for points whose recorded config turned it off.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from bench.schemes import DEFAULT_STATIC_K, EXECGATE, Scheme, parse_schemes
 
 SANDBOX_ADMIT = replace(EXECGATE, name="execgate-sandboxadmit", family="execgate-sandboxadmit",
-                        description="execgate + sandbox admission (creates wait for room)")
+                        description="execgate, sandbox admission forced on")
 SIM_SCHEMES: dict[str, Scheme] = {SANDBOX_ADMIT.name: SANDBOX_ADMIT}
 
 
@@ -34,16 +35,19 @@ def parse(spec: str, static_k: Sequence[int] = DEFAULT_STATIC_K,
 
 def sandbox_admission(scheme: Scheme, cfg: Mapping[str, Any], mem_scale: float,
                       clock: Callable[[], float]) -> Any:
-    """The scheme's SandboxAdmission (None for schemes without it, or a policy revision that has
-    none): [sandbox_admission] of the config if present, else the defaults with their byte
-    sizes divided by the workload's memory scale, as bench_config scales the daemon's tables."""
-    if scheme.name != SANDBOX_ADMIT.name:
+    """The scheme's SandboxAdmission (None for schemes without the daemon, with it turned off,
+    or on a policy revision that has none): [sandbox_admission] of the config if present, else
+    the defaults with their byte sizes divided by the workload's memory scale, as bench_config
+    scales the daemon's tables."""
+    table = dict(cfg.get("sandbox_admission") or {})
+    if scheme.name == SANDBOX_ADMIT.name:
+        table["enabled"] = True
+    elif not scheme.daemon or not table.get("enabled", True):
         return None
     try:
         from execgate.policy import sandbox_admission as sa
     except ImportError:
         return None
-    table = dict(cfg.get("sandbox_admission") or {})
     base = sa.SandboxAdmissionConfig()
     values = {f.name: (table[f.name] if f.name in table
                        else max(0, round(getattr(base, f.name) / mem_scale))

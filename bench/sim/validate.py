@@ -10,6 +10,7 @@ one: metrics.summarize's oom_kills), makespan and P50 latency from arrival, with
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -106,8 +107,10 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
         scheme = sim_schemes.parse(name)[0]
         for i, point in enumerate(results["points"]):
             eg = [r for r in results["runs"] if r["point"] == i and r.get("config")]
-            cfg = dict(eg[0]["config"]) if eg else scheme_config(
+            cfg = json.loads(json.dumps(eg[0]["config"])) if eg else scheme_config(
                 {"scheme": name}, params["workload"], params.get("settings") or {})
+            for table, values in scheme.daemon_tables.items():  # the ablation's own edits
+                cfg.setdefault(table, {}).update(values)
             n = point["n_tasks"]
             sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
                            SimSettings(cost=costs["runc"], cost_by_runtime=costs, tick_s=tick_s,

@@ -159,3 +159,20 @@ def test_validate_runs_on_the_committed_results(capsys) -> None:
     assert len(rows) == 15  # 5 schemes x 3 points
     assert "static-4" in out and "makespan within 20 %" in out
     assert "run " in out and "R^2" in out  # the cost fit is shown
+
+
+def test_sandbox_admission_follows_the_daemon_config() -> None:
+    """As in the daemon: on for execgate by default, off where the config says so, never for a
+    scheme without the daemon; execgate-sandboxadmit forces it on."""
+    from bench.sim import schemes as sim_schemes
+
+    def sa(name: str, cfg: dict) -> object:
+        scheme = sim_schemes.parse(name)[0]
+        return sim_schemes.sandbox_admission(scheme, cfg, 1.0, lambda: 0.0)
+
+    assert sa("execgate", {}) is not None
+    assert sa("execgate", {"sandbox_admission": {"enabled": False}}) is None
+    assert sa("execgate-nosandboxadmit", bench_config({}, SCHEMES["execgate-nosandboxadmit"],
+                                                     domain="/sys/fs/cgroup/x.slice")) is None
+    assert sa("eager", {}) is None
+    assert sa("execgate-sandboxadmit", {"sandbox_admission": {"enabled": False}}) is not None
