@@ -296,7 +296,7 @@ def stop(host: Host, made: dict[str, Any]) -> list[str]:
                 step(f"remove {dev}", lambda: host.write(
                     dev.removeprefix("zram"), "sys/class/zram-control/hot_remove"))
         if made.get("module_loaded"):
-            step("unload zram", lambda: host.run(["modprobe", "-r", "zram"]))
+            step("unload zram", lambda: _unload_zram(host))
     elif made.get("mode") == "zswap":
         params = "sys/module/zswap/parameters"
         before = made.get("before") or {}
@@ -306,6 +306,19 @@ def stop(host: Host, made: dict[str, Any]) -> list[str]:
         if before.get("enabled"):
             step("restore zswap enabled", lambda: host.write(before["enabled"], params, "enabled"))
     return failed
+
+
+def _unload_zram(host: Host, attempts: int = 50, pause_s: float = 0.1) -> None:
+    """modprobe -r zram, retried: right after swapoff and reset, udev (probing the device's
+    change) can still hold it open and the kernel answers "in use" for a moment."""
+    for i in range(attempts):
+        try:
+            host.run(["modprobe", "-r", "zram"])
+            return
+        except SwapError:
+            if i == attempts - 1:
+                raise
+            time.sleep(pause_s)
 
 
 def status(host: Host, plan_path: str = PLAN, made_path: str = MADE) -> dict[str, Any]:

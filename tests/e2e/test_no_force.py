@@ -103,11 +103,14 @@ def _oom_score_adjs(cg: str) -> list[int]:
 def test_a_held_call_is_not_the_oom_victim(containers: Containers) -> None:
     """An undeclared grower the gate holds keeps ~150 MiB; a declared call (never held) then
     overruns the domain. At the tool calls' oom_score_adj 500 the held call, the larger, would be
-    the kernel's pick; held, its tasks are at 0, so the running overrunner is killed (by the
-    kernel, or by execgate's last resort: swap is off) and the held call runs to its end."""
+    the kernel's pick; held, its tasks are at 0, so the kernel kills the running overrunner and
+    the held call runs to its end."""
     domain = os.path.join(CGROOT, SLICE)
-    # Admission out of the way (every call forced in at once): the gate alone decides.
-    config = "[admission]\nmax_admission_wait_s = 0.0\nmax_queued_s = 0.0\n"
+    # Admission out of the way (every call forced in at once): the gate alone decides. The
+    # daemon's last resort too: this is the kernel's choice of victim (the last resort's own
+    # rules are unit-tested; in a two-VM run it fired once the hold cap had released the grower).
+    config = ("[admission]\nmax_admission_wait_s = 0.0\nmax_queued_s = 0.0\n"
+              "[growth]\nlast_resort_after_s = 3600.0\n")
     grow = ["memload", "--peak-mib", "200", "--duration", "24", "--shape", "ramp", "--peak-at",
             "0.95", "--cpu", "0.2"]
     with memory_domain(containers, SLICE, BUDGET, 2, config) as cids, \

@@ -151,3 +151,25 @@ def test_zswap_enabled_and_restored(tmp_path: Path) -> None:
     made = swap.load(made_file)
     assert made is not None and swap.stop(host, made) == []
     assert (params / "enabled").read_text() == "N" and (params / "compressor").read_text() == "lzo"
+
+
+def test_zram_unloads_once_udev_lets_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after swapoff and reset the module is "in use" for a moment (udev still probing
+    the device); uninstall waits for it instead of leaving zram loaded (seen in the VM)."""
+    monkeypatch.setattr(swap.time, "sleep", lambda s: None)
+    host = FakeHost(tmp_path / "host", zram_loaded=False)
+    busy = [2]
+
+    def in_use_twice(argv: list[str]) -> None:
+        if argv[:2] == ["modprobe", "-r"] and busy[0]:
+            busy[0] -= 1
+            host.cmds.append(argv)
+            raise swap.SwapError("modprobe -r zram: modprobe: FATAL: Module zram is in use.")
+        FakeHost._cmd(host, argv)
+
+    host.run = in_use_twice
+    plan_file, made_file = _plan(tmp_path, swap.Plan("zram", "test", GiB))
+    swap.start(host, plan_file, made_file)
+    made = swap.load(made_file)
+    assert made is not None and swap.stop(host, made) == []
+    assert host.cmds.count(["modprobe", "-r", "zram"]) == 3
