@@ -47,11 +47,9 @@ def _admit_error(msg: dict[str, Any]) -> str | None:
     Checked here, before the engine sees it: a bad peer gets a sentence, never a traceback's
     last line, and nothing it sends is taken for something else (a string argv split into
     characters, `true` taken as a 1-byte declaration)."""
-    for key in ("call", "sandbox", "cgroup"):
-        if not isinstance(msg.get(key), str) or not msg[key]:
-            return f"admit needs a string {key!r}"
-    if not isinstance(msg.get("container", ""), str):
-        return "admit's 'container' must be a string"
+    error = _strings_error("admit", msg, ("call", "sandbox", "cgroup"), ("container",))
+    if error:
+        return error
     argv = msg.get("argv", [])
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         return "admit's 'argv' must be a list of strings"
@@ -78,12 +76,20 @@ def _progress_s(msg: dict[str, Any]) -> float | None:
 
 def _start_sandbox_error(msg: dict[str, Any]) -> str | None:
     """What is wrong with a start_sandbox request, naming the field, or None."""
-    for key in ("sandbox", "image"):
+    return _strings_error("start_sandbox", msg, ("sandbox", "image"),
+                          ("pod", "cgroups_path", "hostname"))
+
+
+def _strings_error(op: str, msg: dict[str, Any], required: tuple[str, ...],
+                   optional: tuple[str, ...] = ()) -> str | None:
+    """The first field of op's request that is not the string it must be: required ones
+    non-empty, optional ones absent or a string."""
+    for key in required:
         if not isinstance(msg.get(key), str) or not msg[key]:
-            return f"start_sandbox needs a string {key!r}"
-    for key in ("pod", "cgroups_path", "hostname"):
+            return f"{op} needs a string {key!r}"
+    for key in optional:
         if not isinstance(msg.get(key, ""), str):
-            return f"start_sandbox's {key!r} must be a string"
+            return f"{op}'s {key!r} must be a string"
     return None
 
 
