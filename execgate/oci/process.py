@@ -1,4 +1,9 @@
-"""An exec's process spec (runc exec --process FILE): the only place its command is."""
+"""An exec's process spec (runc exec --process FILE): the only place its command is.
+
+The file comes from the engine, but what is in it comes from whoever asked for the exec: any
+JSON at all reads as a spec or raises ValueError, never anything else (a list where a map
+belongs, a number for `args`, 100,000 nested arrays). runc itself refuses what is malformed.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +26,26 @@ class ProcessSpec:
         return None
 
 
+def _strings(spec: dict[str, object], key: str) -> list[str]:
+    """The strings of a list field; anything else there reads as empty."""
+    value = spec.get(key)
+    return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
+
+
+def parse(text: str | bytes) -> ProcessSpec:
+    """A spec from the file's text; ValueError for anything that is not one."""
+    try:
+        spec = json.loads(text)
+    except RecursionError as e:
+        raise ValueError("process spec nested too deeply") from e
+    if not isinstance(spec, dict):
+        raise ValueError(f"process spec must be a JSON object, not {type(spec).__name__}")
+    cwd = spec.get("cwd")
+    return ProcessSpec(args=_strings(spec, "args"), env=_strings(spec, "env"),
+                       cwd=cwd if isinstance(cwd, str) else "",
+                       terminal=spec.get("terminal") is True)
+
+
 def load(path: str) -> ProcessSpec:
-    with open(path) as f:
-        spec = json.load(f)
-    return ProcessSpec(
-        args=[a for a in spec.get("args") or [] if isinstance(a, str)],
-        env=[e for e in spec.get("env") or [] if isinstance(e, str)],
-        cwd=spec.get("cwd") or "",
-        terminal=bool(spec.get("terminal")),
-    )
+    with open(path, "rb") as f:
+        return parse(f.read())

@@ -58,6 +58,18 @@ def _hint(ctx: Context, spec: process_mod.ProcessSpec | None, rec: dict[str, Any
                         ignored, _stderr if spec and not spec.terminal else None)
 
 
+def recover(ctx: Context) -> None:
+    """After a failed handler, before passing through: the exec must not land in an `init/`
+    execgate froze (an idle sandbox), so thaw it. Never raises."""
+    try:
+        flags = ctx.inv.command_flags()
+        rec = records.load_container(ctx.config.state_dir, flags.positionals[0])
+        if rec and rec.get("managed") and isinstance(rec.get("cgroup"), str):
+            container.thaw_init(rec["cgroup"])
+    except Exception as e:  # noqa: BLE001 - the passthrough goes on regardless
+        ctx.log.warning(f"exec: could not thaw the sandbox ({type(e).__name__}: {e})")
+
+
 def handle(ctx: Context) -> list[str]:
     argv = ctx.inv.argv
     flags = ctx.inv.command_flags()

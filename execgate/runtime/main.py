@@ -22,6 +22,7 @@ from .context import Context
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import ModuleType
 
     # A handler returns the argv to execve the real runtime with, or an exit status when it has
     # already run the runtime itself.
@@ -31,12 +32,13 @@ if TYPE_CHECKING:
 INTERCEPTED = ("create", "start", "exec", "kill", "delete")
 
 
-def _handlers() -> dict[str, Handler]:
+def _handlers() -> dict[str, ModuleType]:
+    """The intercepted subcommands' modules: each has `handle(ctx)` (a Handler) and may have
+    `recover(ctx)`, run when its handler fails, before the passthrough."""
     from . import create, delete, kill, start
     from . import exec as exec_
 
-    return {"create": create.handle, "start": start.handle, "exec": exec_.handle,
-            "kill": kill.handle, "delete": delete.handle}
+    return {"create": create, "start": start, "exec": exec_, "kill": kill, "delete": delete}
 
 
 def main() -> None:
@@ -63,10 +65,14 @@ def main() -> None:
     handlers = _handlers() if cfg.per_exec_cgroups and inv.command in INTERCEPTED else {}
     if inv.command in handlers:
         ctx = Context(inv=inv, config=cfg, log=log, runc=real)
+        module = handlers[inv.command]
         try:
-            result = handlers[inv.command](ctx)
+            result = module.handle(ctx)
         except Exception as e:  # noqa: BLE001 - never break a container over our own bug
             log.warning(f"{inv.command}: {type(e).__name__}: {e}; passing through to {real}")
+            recover = getattr(module, "recover", None)
+            if recover is not None:
+                recover(ctx)
             result = argv
     if isinstance(result, int):
         sys.stdout.flush()

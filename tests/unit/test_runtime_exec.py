@@ -487,3 +487,50 @@ def test_what_is_not_ours_passes_through_untouched(tmp_path: Path, case: str) ->
     assert box.tools() == [] and box.journal_entries() == []
     unprepared = f"execgate: exec in box: {box.cg} lacks init/; running unmanaged"
     assert box.warnings() == ([unprepared] if case == "not prepared" else [])
+
+
+# -- bad process specs (issue 21, item 5) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    b"[]", b'"args"', b"7", b"null", b'{"args": 5}', b'{"args": "ls -l"}',
+    b'{"env": {"AGENT_RESOURCE_HINT": "mem=1g"}}', b'{"env": [1, null, ["x"]]}',
+    b'{"cwd": [], "terminal": "yes"}', b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{",
+    b'{"args": ["ls"], "env": ["AGENT_RESOURCE_HINT=mem=\\u0000"]}',
+])
+def test_a_malformed_process_spec_never_fails_the_exec(box: Box, daemon: FakeDaemon,
+                                                       text: bytes) -> None:
+    spec = box.tmp / "process-bad.json"
+    spec.write_bytes(text)
+    argv = box.argv(str(spec))
+    proc = box.run(argv, status=0)
+    assert proc.returncode == 0, proc.stderr  # the handler returned: runc ran
+    assert "Traceback" not in proc.stderr
+    box.tool_name(argv)  # managed still, in its own cgroup
+    (entry,) = box.journal_entries()
+    assert entry["managed"] is True and entry["hint"] is None
+
+
+def test_a_failed_handler_thaws_a_frozen_init_before_passing_through(
+        box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() passes through when a handler raises: not into a sandbox execgate froze."""
+    from execgate.common import config as config_mod
+    from execgate.oci import runc
+    from execgate.runtime import main as main_mod
+
+    (box.cg / "init" / "cgroup.freeze").write_text("1\n")  # an idle sandbox the daemon froze
+    argv = box.argv(box.process_spec(["ls"], "mem=1g"))
+    ran: list[list[str]] = []
+    monkeypatch.setattr(config_mod, "load_cached", lambda: Config(**box.config()))
+    monkeypatch.setattr(runc, "find", lambda _names: str(box.runc))
+    monkeypatch.setattr(runc, "execve", lambda _path, args: ran.append(args))
+    monkeypatch.setattr(sys, "argv", ["execgate", *argv])
+
+    def bug(*_a: object, **_k: object) -> None:
+        raise AttributeError("'list' object has no attribute 'get'")
+
+    monkeypatch.setattr(exec_.hint, "resolve", bug)
+    main_mod.main()
+    assert ran == [argv]  # passed through untouched
+    assert (box.cg / "init" / "cgroup.freeze").read_text().strip() == "0"
+    assert any("AttributeError" in m and "passing through" in m for m in box.warnings())

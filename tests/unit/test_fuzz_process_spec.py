@@ -1,0 +1,77 @@
+"""Fuzz: process specs (`runc exec --process FILE`) as the exec handler reads them.
+
+Whatever JSON (or not JSON) the file holds, `oci/process.py` gives a well-typed spec or a
+ValueError, and the handler's use of it (the hint from its env) never raises: a spec the
+handler cannot read runs unmanaged-by-hint, never breaks the exec (issue 21, item 5).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import fuzzing
+
+from execgate.calls import hint as hint_mod
+from execgate.oci import process
+
+FIELDS = ("args", "env", "cwd", "terminal", "user", "capabilities", "consoleSize", "rlimits",
+          "noNewPrivileges", "apparmorProfile", "selinuxLabel", "oomScoreAdj")
+
+
+def _env_item(r: random.Random) -> Any:
+    if r.random() < 0.5:
+        return f"AGENT_RESOURCE_HINT={fuzzing.text(r)}"
+    return fuzzing.value(r)
+
+
+def _spec(r: random.Random) -> bytes:
+    roll = r.random()
+    if roll < 0.03:
+        n = fuzzing.depth(r)
+        return b"[" * n + b"]" * n
+    if roll < 0.06:
+        return r.randbytes(r.randrange(1, 40))
+    if roll < 0.12:
+        return json.dumps(fuzzing.value(r)).encode()
+    spec: dict[str, Any] = {}
+    for key in FIELDS:
+        if r.random() < 0.5:
+            continue
+        if key in ("args", "env") and r.random() < 0.6:
+            spec[key] = [_env_item(r) if key == "env" else fuzzing.text(r)
+                         for _ in range(r.randrange(4))]
+        else:
+            spec[key] = fuzzing.value(r)
+    text = json.dumps(spec)
+    if r.random() < 0.05:
+        text = text[: r.randrange(len(text) + 1)]  # cut short
+    return text.encode("utf-8", "surrogatepass")
+
+
+def test_any_process_spec_reads_as_a_spec_or_a_value_error(tmp_path: Path) -> None:
+    r = fuzzing.rng("process-spec")
+    cg = tmp_path / "box"
+    cg.mkdir()
+    (cg / "memory.max").write_text("max\n")
+    read = refused = 0
+    for i in range(fuzzing.N):
+        data = _spec(r)
+        try:
+            spec = process.parse(data)
+        except ValueError:
+            refused += 1
+            continue
+        except Exception as e:  # pragma: no cover - the failure report
+            raise AssertionError(f"seed {fuzzing.SEED} input {i}: {data[:200]!r}: {e!r}") from e
+        read += 1
+        assert all(isinstance(a, str) for a in spec.args)
+        assert all(isinstance(e, str) for e in spec.env)
+        assert isinstance(spec.cwd, str) and isinstance(spec.terminal, bool)
+        raw = spec.getenv("AGENT_RESOURCE_HINT")
+        got = hint_mod.resolve(raw, str(cg), "box", str(tmp_path / "state"),
+                               lambda _why: None, None)
+        assert got is None or isinstance(got, dict)
+    assert read > fuzzing.N // 2 and refused > 0
