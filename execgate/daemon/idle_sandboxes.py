@@ -209,8 +209,9 @@ class Residency:
             candidate = eligible and (reading.state != Pressure.GREEN or room) \
                 and not box.reclaimed
             memory = v2.read_int(box.cgroup, "memory.current") if candidate else 0
+            can = self.reclaimable_bytes(box.cid, active) if candidate else 0
             views.append(SandboxView(box.cid, idle, memory or 0, box.freezable, box.frozen,
-                                     box.reclaimed, box.ended))
+                                     box.reclaimed, box.ended, can))
         reclaiming = self.worker_alive()
         for action in plan(self.cfg, reading.state, now - self.green_since,
                            self._need(reading) + queued_bytes(), views, reclaiming, room):

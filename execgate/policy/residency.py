@@ -79,6 +79,15 @@ class SandboxView:
     frozen: bool
     reclaimed: bool  # already reclaimed in this idle period
     ended: bool = False  # idle since a tool call ended in it (the action boundary)
+    # What memory.reclaim could take now: page cache, and anonymous memory only as far as swap
+    # has room (None: all of memory above keep_bytes). Without swap room, asking the kernel for
+    # anonymous memory is a long futile scan that holds every other reclaim and freeze back.
+    reclaimable: int | None = None
+
+    def reclaim_amount(self, keep_bytes: int) -> int:
+        """Bytes to ask memory.reclaim for: down to the floor, no more than it can give."""
+        above = max(self.memory - keep_bytes, 0)
+        return above if self.reclaimable is None else min(above, max(self.reclaimable, 0))
 
 
 @dataclass(frozen=True)
@@ -120,13 +129,13 @@ def plan(cfg: ResidencyConfig, state: Pressure, green_for_s: float, need: int,
     if cfg.reclaim and not reclaiming and need + room > 0:
         for b in idle:
             if not b.reclaimed and _worth(cfg, b):
-                actions.append(Action("reclaim", b.cid, b.memory - cfg.keep_bytes))
+                actions.append(Action("reclaim", b.cid, b.reclaim_amount(cfg.keep_bytes)))
                 break
     return actions
 
 
 def _worth(cfg: ResidencyConfig, b: SandboxView) -> bool:
-    return b.memory - cfg.keep_bytes >= cfg.reclaim_min_bytes
+    return b.reclaim_amount(cfg.keep_bytes) >= cfg.reclaim_min_bytes
 
 
 def _reclaim_done(cfg: ResidencyConfig, b: SandboxView, reclaiming: bool) -> bool:

@@ -48,9 +48,21 @@ def _diagnosis(cg: str, hog: str) -> str:
     slice_cg = os.path.dirname(cg)
     state = docker("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
                    hog, check=False).stdout.decode().strip()
+    with open("/proc/swaps") as f:
+        swaps = f.read().splitlines()[1:]
     return (f"slice memory.current {_int(slice_cg, 'memory.current') >> 20} MiB, sandbox "
             f"{_int(cg, 'memory.current') >> 20} MiB, frozen {_frozen(cg)}; other sandbox: "
-            f"{state}; pressure {daemon.get('pressure')}; residency {daemon.get('residency')}")
+            f"{state}; host swaps {swaps}; pressure {daemon.get('pressure')}; residency "
+            f"{daemon.get('residency')}")
+
+
+@contextlib.contextmanager
+def _diagnosed(cg: str, hog: str) -> Iterator[None]:
+    """Any failure inside says what the daemon and the kernel saw then."""
+    try:
+        yield
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {_diagnosis(cg, hog)}") from None
 
 
 def test_idle_sandboxes_are_reclaimed_and_frozen_under_pressure(containers: Containers) -> None:
@@ -65,42 +77,40 @@ def test_idle_sandboxes_are_reclaimed_and_frozen_under_pressure(containers: Cont
         # Another sandbox's resident memory takes the slice into red.
         hog = containers.run("--cgroup-parent", SLICE, cmd=("memhog", str(HOG_MIB), "3600"))
         t0 = time.monotonic()
-        try:
-            wait_for(lambda: _frozen(cg), timeout=180, interval=0.2,
-                     what="the idle sandbox frozen")
+        with _diagnosed(cg, hog):
+            wait_for(lambda: _frozen(cg), timeout=180, interval=0.2, what="the idle sandbox frozen")
             wait_for(lambda: _int(cg, "memory.current") < before - CACHE_MIB * MiB // 2,
                      timeout=120, interval=0.2, what="its page cache reclaimed")
-        except AssertionError as e:
-            raise AssertionError(f"{e}; {_diagnosis(cg, hog)}") from None
-        after = _int(cg, "memory.current")
-        print(f"residency: frozen and reclaimed {before >> 20} -> {after >> 20} MiB "
-              f"{time.monotonic() - t0:.1f} s after the other sandbox started")
-        snap = ctl_status()
-        assert snap["daemon"]["pressure"]["state"] == "red", _diagnosis(cg, hog)
-        res = snap["daemon"]["residency"]
-        assert res["frozen"] >= 1 and res["reclaims"] >= 1 and res["reclaimed_bytes"] > 0, res
-        box = {b["id"]: b for b in snap["sandboxes"]}[cached]
-        assert box["frozen"], box
-        assert not _frozen(container_cgroup(hog)) or res["frozen"] >= 2  # frozen too, or not yet
+            after = _int(cg, "memory.current")
+            print(f"residency: frozen and reclaimed {before >> 20} -> {after >> 20} MiB "
+                  f"{time.monotonic() - t0:.1f} s after the other sandbox started")
+            snap = ctl_status()
+            assert snap["daemon"]["pressure"]["state"] == "red"
+            res = snap["daemon"]["residency"]
+            assert res["frozen"] >= 1 and res["reclaims"] >= 1 and res["reclaimed_bytes"] > 0, res
+            box = {b["id"]: b for b in snap["sandboxes"]}[cached]
+            assert box["frozen"], box
+            # The other sandbox is frozen too, or not yet.
+            assert not _frozen(container_cgroup(hog)) or res["frozen"] >= 2
 
-        # A crash never leaves a sandbox frozen: the restarted daemon thaws it.
-        systemctl("kill", "-s", "KILL", "execgated")
-        wait_for(lambda: not _frozen(cg), timeout=120, interval=0.05,
-                 what="the restarted daemon to thaw the sandbox")
+            # A crash never leaves a sandbox frozen: the restarted daemon thaws it.
+            systemctl("kill", "-s", "KILL", "execgated")
+            wait_for(lambda: not _frozen(cg), timeout=120, interval=0.05,
+                     what="the restarted daemon to thaw the sandbox")
 
-        # Frozen again (still idle, still red); its next tool call thaws it and runs normally.
-        wait_for(lambda: _frozen(cg), timeout=120, interval=0.2, what="the sandbox refrozen")
-        out = docker("exec", cached, "echo", "back")
-        assert out.stdout == b"back\n" and out.stderr == b"", out
-        assert not _frozen(cg), "the call's sandbox is thawed before the call runs"
+            # Frozen again (still idle, still red); its next tool call thaws it and runs normally.
+            wait_for(lambda: _frozen(cg), timeout=120, interval=0.2, what="the sandbox refrozen")
+            out = docker("exec", cached, "echo", "back")
+            assert out.stdout == b"back\n" and out.stderr == b"", out
+            assert not _frozen(cg), "the call's sandbox is thawed before the call runs"
 
-        # Pressure gone: an idle sandbox is left alone (freezing answers pressure only).
-        docker("rm", "-f", hog)
-        containers.ids.remove(hog)
-        wait_for(lambda: ctl_status()["daemon"]["pressure"]["state"] == "green", timeout=120,
-                 what="green pressure")
-        time.sleep(IDLE_S + 2)
-        assert not _frozen(cg)
+            # Pressure gone: an idle sandbox is left alone (freezing answers pressure only).
+            docker("rm", "-f", hog)
+            containers.ids.remove(hog)
+            wait_for(lambda: ctl_status()["daemon"]["pressure"]["state"] == "green", timeout=120,
+                     what="green pressure")
+            time.sleep(IDLE_S + 2)
+            assert not _frozen(cg)
 
 
 # -- compressed swap: where an idle sandbox's anonymous memory goes --------------------------

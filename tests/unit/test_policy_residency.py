@@ -99,3 +99,16 @@ def test_bad_config_is_refused() -> None:
         ResidencyConfig(idle_after_s=-1)
     with pytest.raises(ValueError):
         ResidencyConfig(keep_bytes=-1)
+
+
+def test_reclaim_asks_only_for_what_can_leave_and_freezes_the_rest_at_once() -> None:
+    """A sandbox of anonymous memory with no swap room has nothing to give: no futile reclaim
+    (a long scan that holds every other reclaim and freeze back), frozen at once in red."""
+    anon = SandboxView("anon", 90.0, 380 * MiB, True, False, False, reclaimable=0)
+    cache = SandboxView("cache", 30.0, 220 * MiB, True, False, False, reclaimable=200 * MiB)
+    assert plan(CFG, Pressure.RED, 0, 64 * MiB, [anon, cache], False) == [
+        Action("freeze", "anon"), Action("reclaim", "cache", 200 * MiB)]
+    # room is bounded by the floor too
+    most = SandboxView("m", 30.0, 100 * MiB, True, False, False, reclaimable=95 * MiB)
+    assert plan(CFG, Pressure.YELLOW, 0, 64 * MiB, [most], False) == [
+        Action("reclaim", "m", 84 * MiB)]
