@@ -39,6 +39,9 @@ def decode_body(body: bytes) -> dict[str, Any]:
         msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise ProtocolError(f"undecodable frame: {e}") from e
+    except TypeError as e:  # a map keyed by a list or a map: no Python dict holds it
+        raise ProtocolError(f"undecodable frame: a map key must be a string or number ({e})"
+                            ) from e
     if not isinstance(msg, dict):
         raise ProtocolError("a frame must hold a map")
     return msg

@@ -48,11 +48,13 @@ def save_container(state_dir: str, record: dict[str, Any]) -> None:
 
 
 def load_container(state_dir: str, cid: str) -> dict[str, Any] | None:
+    """The container's record; None when there is none (or it is not a JSON object)."""
     try:
         with open(_container_path(state_dir, cid)) as f:
-            return json.load(f)
+            rec = json.load(f)
     except (OSError, ValueError):
         return None
+    return rec if isinstance(rec, dict) else None
 
 
 def remove_container(state_dir: str, cid: str) -> None:

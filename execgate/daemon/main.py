@@ -12,18 +12,21 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
 from typing import Any
 
+from execgate.cgroups import container
 from execgate.common import config as config_mod
-from execgate.common import hints, protocol
+from execgate.common import hints, protocol, records
 
 from . import settings as settings_mod
 from . import status
 from .engine import Engine
 from .inside.agents import InsideAgents
+from .sandboxes import within
 from .server import Conn, Server
 
 log = logging.getLogger("execgated")
@@ -55,13 +58,33 @@ def _admit_error(msg: dict[str, Any]) -> str | None:
         return "admit's 'argv' must be a list of strings"
     progress = msg.get("progress_s")
     if progress is not None and (isinstance(progress, bool)
-                                 or not isinstance(progress, int | float)):
+                                 or not isinstance(progress, int | float)
+                                 or not math.isfinite(progress)):
         return "admit's 'progress_s' must be a number"
     if msg.get("hint") is not None:
         try:
             hints.Hint.from_dict(msg["hint"])
         except ValueError as e:
             return f"admit's 'hint' is invalid: {e}"
+    return None
+
+
+def _admit_cgroup_error(msg: dict[str, Any], state_dir: str, domain: str) -> str | None:
+    """Why the daemon must not take an admit's `cgroup` (it may freeze or `cgroup.kill` it
+    later), or None: it must be a tool cgroup (`tool-*`) right below the cgroup of the managed
+    container the request names, inside the domain."""
+    cid = msg.get("container") or ""
+    rec = records.load_container(state_dir, cid) if cid else None
+    if not rec or not rec.get("managed") or not isinstance(rec.get("cgroup"), str):
+        return f"admit's 'container' {hints.quote(cid)} is not a managed container"
+    cg = os.path.normpath(msg["cgroup"])
+    name = os.path.basename(cg)
+    if os.path.dirname(cg) != os.path.normpath(rec["cgroup"]) or \
+            not name.startswith(container.TOOL_PREFIX) or "\0" in cg:
+        return (f"admit's 'cgroup' {hints.quote(msg['cgroup'])} is not a tool cgroup of "
+                f"container {hints.quote(cid)}")
+    if domain != "host" and not within(cg, domain):
+        return f"admit's 'cgroup' {hints.quote(msg['cgroup'])} is outside the domain {domain}"
     return None
 
 
@@ -114,7 +137,8 @@ class Daemon:
 
     async def op_admit(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         """Two frames: `queued` at once (the runtime knows we are alive), then `admitted`."""
-        error = _admit_error(msg)
+        error = _admit_error(msg) or _admit_cgroup_error(
+            msg, self.cfg.state_dir, self.engine.settings.daemon.domain)
         if error:
             return protocol.reply(False, error=error)
         call_id = msg["call"]
@@ -122,38 +146,41 @@ class Daemon:
             ticket, fut = self.engine.submit(msg)
         except ValueError as e:
             return protocol.reply(False, error=str(e))
-        progress = _progress_s(msg)
-        if progress is not None:
-            ticket["progress_s"] = progress
-        await conn.send(protocol.reply(True, queued=True, **ticket))
-        hangup = asyncio.ensure_future(conn.closed())
+        told = False  # the runtime heard `admitted`: from then on its watcher ends the call
+        hangup: asyncio.Future[None] | None = None
         try:
+            progress = _progress_s(msg)
+            if progress is not None:
+                ticket["progress_s"] = progress
+            await conn.send(protocol.reply(True, queued=True, **ticket))
+            hangup = asyncio.ensure_future(conn.closed())
             while not fut.done():
                 await asyncio.wait({fut, hangup}, timeout=progress,
                                    return_when=asyncio.FIRST_COMPLETED)
                 if fut.done():
                     break
                 if hangup.done():  # the runtime gave up or died: nothing will run
-                    self.engine.cancel(call_id)
                     return None
                 waiting = self.engine.waiting(call_id)
                 if waiting is None:  # a runtime that asked is told every progress_s
                     continue
-                try:
-                    await conn.send(protocol.reply(True, waiting=True, **waiting))
-                except (ConnectionError, OSError):
-                    self.engine.cancel(call_id)
-                    return None
+                await conn.send(protocol.reply(True, waiting=True, **waiting))
             d = fut.result()
             await conn.send(protocol.reply(True, admitted=True, waited_s=d.waited_s,
                                            forced=d.forced, probe=d.probe,
                                            overheld=d.overheld, charge=d.charge_bytes,
                                            reason=d.reason))
+            told = True
+            return None
+        except (ConnectionError, OSError):  # the runtime went away: nothing will run
             return None
         finally:
-            hangup.cancel()
+            if hangup is not None:
+                hangup.cancel()
             if not fut.done():
                 fut.cancel()
+            if not told:  # whatever ended this conversation, its charge ends with it
+                self.engine.cancel(call_id)
 
     async def op_start_sandbox(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         """Two frames, as admit: `queued` at once, then `admitted` (verdict admitted or

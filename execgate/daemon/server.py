@@ -1,4 +1,10 @@
-"""The daemon's socket server: one asyncio loop, root-only Unix socket, msgpack frames."""
+"""The daemon's socket server: one asyncio loop, root-only Unix socket, msgpack frames.
+
+A peer is untrusted input too: a request must arrive whole within FRAME_TIMEOUT_S of the
+daemon waiting for it (an idle or trickling connection is closed, not kept forever) and be at
+most MAX_REQUEST bytes (the largest real one is an admit with its argv), so no connection
+holds more than that of the daemon's memory, far below the protocol's 16 MiB frame limit.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,9 @@ from typing import Any
 from execgate.common import protocol
 
 log = logging.getLogger("execgated")
+
+MAX_REQUEST = 1 << 20
+FRAME_TIMEOUT_S = 10.0
 
 
 class Conn:
@@ -42,10 +51,14 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 class Server:
-    def __init__(self, path: str, handlers: dict[str, Handler], allowed_uids: set[int]) -> None:
+    def __init__(self, path: str, handlers: dict[str, Handler], allowed_uids: set[int],
+                 frame_timeout_s: float = FRAME_TIMEOUT_S, max_request: int = MAX_REQUEST
+                 ) -> None:
         self.path = path
         self.handlers = handlers
         self.allowed_uids = allowed_uids
+        self.frame_timeout_s = frame_timeout_s
+        self.max_request = max_request
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -81,18 +94,42 @@ class Server:
                 return
             while True:
                 try:
-                    header = await reader.readexactly(4)
-                except asyncio.IncompleteReadError:
+                    msg = await asyncio.wait_for(self._request(reader), self.frame_timeout_s)
+                except TimeoutError:
+                    log.warning("client dropped: no whole request within %g s",
+                                self.frame_timeout_s)
                     return
-                body = await reader.readexactly(protocol.frame_length(header))
-                answer = await self._dispatch(protocol.decode_body(body), conn)
+                except protocol.ProtocolError as e:
+                    log.warning("client dropped: %s", e)
+                    writer.write(protocol.encode(protocol.reply(False, error=str(e))))
+                    await writer.drain()
+                    return
+                if msg is None:  # the peer hung up between requests
+                    return
+                answer = await self._dispatch(msg, conn)
                 if answer is None:  # the handler answered (and ended) the conversation itself
                     return
                 await conn.send(answer)
         except (protocol.ProtocolError, ConnectionError, asyncio.IncompleteReadError) as e:
             log.warning("client dropped: %s", e)
+        except Exception:  # a bug of ours: this connection ends, the server goes on
+            log.exception("client dropped")
         finally:
             writer.close()
+
+    async def _request(self, reader: asyncio.StreamReader) -> dict[str, Any] | None:
+        """One request; None at a clean end of the connection; ProtocolError for a frame
+        that is too large or not a msgpack map."""
+        try:
+            header = await reader.readexactly(4)
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise
+            return None
+        n = protocol.frame_length(header)
+        if n > self.max_request:
+            raise protocol.ProtocolError(f"request of {n} bytes exceeds {self.max_request}")
+        return protocol.decode_body(await reader.readexactly(n))
 
     async def _dispatch(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         if msg.get("v") != protocol.VERSION:

@@ -20,10 +20,11 @@ import pytest
 from test_daemon_cgfiles import _cgroup
 from test_daemon_engine import Clock, _engine
 
+from execgate.common import records
 from execgate.common.units import MiB
 from execgate.daemon.engine import Engine
 from execgate.daemon.main import Daemon
-from execgate.daemon.server import Server
+from execgate.daemon.server import Conn, Server
 
 FRAME = 2.0  # seconds a test waits for a frame the daemon owes it
 
@@ -66,13 +67,18 @@ class Peer:
 class Running:
     def __init__(self, path: str, engine: Engine, clock: Clock, tmp: Path) -> None:
         self.path, self.engine, self.clock, self.tmp = path, engine, clock, tmp
+        # The managed container "box", its cgroup inside the domain, as `create` records it.
+        self.box = tmp / "domain" / "box"
+        self.box.mkdir(exist_ok=True)
+        records.save_container(engine.cfg.state_dir, {"id": "box", "sandbox": "box",
+                                                      "managed": True, "cgroup": str(self.box)})
 
     def admit_msg(self, i: int, mem: int, **extra: Any) -> dict[str, Any]:
         """An admit request as the runtime sends it, for a call whose cgroup exists."""
         name = f"tool-{i:012x}"
-        cg = self.tmp / name
+        cg = self.box / name
         if not cg.exists():
-            _cgroup(self.tmp, name, current=4096)
+            _cgroup(self.box, name, current=4096)
         return {"v": 1, "op": "admit", "call": name, "container": "box", "sandbox": "box",
                 "cgroup": str(cg), "argv": ["pytest", "-q"], "hint": {"memory_bytes": mem},
                 **extra}
@@ -250,8 +256,10 @@ def test_bad_requests_get_a_clear_error_and_the_daemon_keeps_serving(tmp_path: P
             assert await d.admission() == {"queued": [], "running": [good["call"]]}
             await admitted.close()
 
-            # A frame that is no map ends that client only.
+            # A frame that is no map ends that client only, with a clear error.
             await peer.send(["not", "a", "map"])
+            answer = await peer.recv()
+            assert answer["ok"] is False and answer["error"] == "a frame must hold a map"
             assert await peer.at_eof()
             await peer.close()
             other = await Peer.connect(d.path)
@@ -293,6 +301,159 @@ def test_a_wrongly_typed_field_is_refused_by_name(tmp_path: Path, key: str, bad:
             peer, answer = await d.admit({**d.admit_msg(1, 100 * MiB), key: bad})
             await peer.close()
             assert answer["ok"] is False and repr(key) in answer["error"]
+            assert await d.admission() == {"queued": [], "running": []}
+
+    asyncio.run(scenario())
+
+
+# -- a hostile peer (issue 21, item 6) -----------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def bare_server(tmp: Path, **limits: Any) -> AsyncIterator[str]:
+    """The socket server alone, with a ping handler and the given limits; its path."""
+    async def ping(msg: dict[str, Any], conn: Any) -> dict[str, Any]:
+        return {"v": 1, "ok": True}
+
+    server = Server(str(tmp / "s.sock"), {"ping": ping}, allowed_uids={os.getuid()}, **limits)
+    await server.start()
+    try:
+        yield server.path
+    finally:
+        await server.close()
+
+
+def test_an_idle_or_trickling_connection_is_closed_not_kept(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with bare_server(tmp_path, frame_timeout_s=0.3) as path:
+            idle = await Peer.connect(path)
+            assert await idle.at_eof()  # nothing sent: closed after 0.3 s, not kept
+            await idle.close()
+
+            trickle = await Peer.connect(path)
+            body = msgpack.packb({"v": 1, "op": "ping"})
+            frame = struct.pack(">I", len(body)) + body
+            t0 = asyncio.get_running_loop().time()
+
+            async def drip() -> None:  # one byte every 50 ms: each read is quick, the frame not
+                with contextlib.suppress(ConnectionError):
+                    for byte in frame:
+                        trickle.writer.write(bytes([byte]))
+                        await trickle.writer.drain()
+                        await asyncio.sleep(0.05)
+
+            dripping = asyncio.ensure_future(drip())
+            got = b""
+            with contextlib.suppress(ConnectionError):
+                got = await asyncio.wait_for(trickle.reader.read(), FRAME)
+            took = asyncio.get_running_loop().time() - t0
+            dripping.cancel()
+            assert got == b"" and took < 0.05 * len(frame)  # closed at 0.3 s, never answered
+            with contextlib.suppress(ConnectionError):
+                await trickle.close()
+
+            quick = await Peer.connect(path)  # and a peer that speaks serves as ever
+            assert (await quick.ask({"v": 1, "op": "ping"}))["ok"] is True
+            await quick.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("frame", "error"), [
+    (struct.pack(">I", 16 << 20) + b"\x00" * 8192, f"request of {16 << 20} bytes exceeds 4096"),
+    (struct.pack(">I", 4) + b"\x81\x91\x01\x02",  # {[1]: 2}: no dict holds it
+     "undecodable frame: a map key must be a string or number (unhashable type: 'list')"),
+], ids=["larger than the cap", "a list for a key"])
+def test_a_frame_the_daemon_will_not_read_gets_a_clear_error(tmp_path: Path, frame: bytes,
+                                                            error: str) -> None:
+    """A request over the cap is refused from its header, before its body is buffered."""
+    async def scenario() -> None:
+        async with bare_server(tmp_path, max_request=4096) as path:
+            peer = await Peer.connect(path)
+            peer.writer.write(frame)
+            await peer.writer.drain()
+            answer = await peer.recv()
+            assert answer == {"v": 1, "ok": False, "error": error}
+            assert await peer.at_eof()
+            await peer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_field_read_after_submit_leaks_no_charge(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            peer, answer = await d.admit(d.admit_msg(1, 100 * MiB, progress_s=float("nan")))
+            assert answer["ok"] is False and "'progress_s'" in answer["error"]
+            await peer.close()
+            await asyncio.sleep(0.05)
+            assert await d.admission() == {"queued": [], "running": []}
+
+    asyncio.run(scenario())
+
+
+def test_a_runtime_gone_before_it_hears_admitted_leaks_no_charge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever ends an admit before `admitted` reached the runtime ends its call."""
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            sent = 0
+            real = Conn.send
+
+            async def send(self: Conn, msg: dict[str, Any]) -> None:
+                nonlocal sent
+                sent += 1
+                if msg.get("admitted"):
+                    raise BrokenPipeError("runtime gone")
+                await real(self, msg)
+
+            monkeypatch.setattr(Conn, "send", send)
+            peer, first = await d.admit(d.admit_msg(1, 100 * MiB))
+            assert first["queued"] is True
+            assert await peer.at_eof()
+            await peer.close()
+            assert sent == 2
+            assert await d.admission() == {"queued": [], "running": []}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("case", ["host cgroup", "no container", "unknown container",
+                                  "unmanaged container", "another container", "not a tool",
+                                  "dot-dot", "outside the domain"])
+def test_an_admit_for_a_cgroup_the_daemon_does_not_manage_is_refused(
+        tmp_path: Path, case: str) -> None:
+    """The daemon may later freeze or cgroup.kill an admitted call's cgroup: only a tool
+    cgroup of a managed container inside the domain is taken."""
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            state = d.engine.cfg.state_dir
+            records.save_container(state, {"id": "plain", "managed": False,
+                                           "cgroup": str(tmp_path / "domain" / "plain")})
+            records.save_container(state, {"id": "other", "managed": True,
+                                           "cgroup": str(tmp_path / "domain" / "other")})
+            records.save_container(state, {"id": "far", "managed": True,
+                                           "cgroup": str(tmp_path / "elsewhere")})
+            msg = d.admit_msg(1, 100 * MiB)
+            name = msg["call"]
+            msg.update({
+                "host cgroup": {"cgroup": "/sys/fs/cgroup/system.slice"},
+                "no container": {"container": ""},
+                "unknown container": {"container": "nope"},
+                "unmanaged container": {"container": "plain",
+                                        "cgroup": str(tmp_path / "domain" / "plain" / name)},
+                "another container": {"cgroup": str(tmp_path / "domain" / "other" / name)},
+                "not a tool": {"cgroup": str(d.box / "init")},
+                "dot-dot": {"cgroup": str(d.box / name / ".." / ".." / "other" / name)},
+                "outside the domain": {"container": "far",
+                                       "cgroup": str(tmp_path / "elsewhere" / name)},
+            }[case])
+            peer, answer = await d.admit(msg)
+            await peer.close()
+            assert answer["ok"] is False, answer
+            key = "'container'" if "container" in case and case != "another container" \
+                else "'cgroup'"
+            assert key in answer["error"], answer["error"]
             assert await d.admission() == {"queued": [], "running": []}
 
     asyncio.run(scenario())

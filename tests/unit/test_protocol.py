@@ -46,3 +46,13 @@ def test_an_answer_of_another_version_is_refused(tmp_path: Path) -> None:
     with pytest.raises(protocol.ProtocolError, match="speaks protocol v2"):
         protocol.call(path, protocol.request("admit"), timeout=2.0)
     thread.join(2)
+
+
+@pytest.mark.parametrize("body", [
+    b"\x81\x91\x01\x02",  # {[1]: 2}: a map keyed by a list
+    b"\x81\x81\x01\x02\x03",  # {{1: 2}: 3}: keyed by a map
+    b"\x82\xa2op\xa4ping\x81\x90\xc0\x01",  # a list key one level down
+])
+def test_a_map_no_dict_can_hold_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(protocol.ProtocolError, match="undecodable frame: a map key"):
+        protocol.decode_body(body)
