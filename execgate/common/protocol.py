@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 import msgpack
 
@@ -62,9 +63,14 @@ def reply(ok: bool = True, **fields: Any) -> dict[str, Any]:
     return {"v": VERSION, "ok": ok, **fields}
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int, deadline: float | None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:  # a peer trickling bytes must not stretch it, read by read
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
             raise ProtocolError("connection closed mid-frame")
@@ -72,9 +78,12 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any]:
-    """One frame off a blocking socket (the daemon's own asyncio side reads its own way)."""
-    return decode_body(_read(sock, frame_length(_read(sock, _LEN.size))))
+def recv_frame(sock: socket.socket, deadline: float | None = None) -> dict[str, Any]:
+    """One frame off a blocking socket (the daemon's own asyncio side reads its own way),
+    whole by `deadline` (time.monotonic()) when given, else within the socket's timeout of
+    each read."""
+    header = _read(sock, _LEN.size, deadline)
+    return decode_body(_read(sock, frame_length(header), deadline))
 
 
 def check_version(answer: dict[str, Any]) -> dict[str, Any]:
@@ -101,8 +110,9 @@ class Client:
     def send(self, msg: dict[str, Any]) -> None:
         self.sock.sendall(encode(msg))
 
-    def recv(self) -> dict[str, Any]:
-        return check_version(recv_frame(self.sock))
+    def recv(self, deadline: float | None = None) -> dict[str, Any]:
+        """The next answer, whole by `deadline` (time.monotonic()) when given."""
+        return check_version(recv_frame(self.sock, deadline))
 
     def settimeout(self, timeout: float) -> None:
         self.sock.settimeout(timeout)
@@ -118,7 +128,9 @@ class Client:
 
 
 def call(path: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One blocking request/reply (the CLI's and the runtime's client)."""
+    """One blocking request/reply (the CLI's and the runtime's client), all of it within
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
     with Client(path, timeout) as client:
         client.send(msg)
-        return client.recv()
+        return client.recv(deadline)

@@ -68,7 +68,7 @@ def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
     try:
         with protocol.Client(path, budget_s) as daemon:
             daemon.send(protocol.request("admit", progress_s=PROGRESS_S, **msg))
-            first = daemon.recv()
+            first = daemon.recv(deadline=t0 + budget_s)  # connect to `queued`: one budget
             if not first.get("ok") or not first.get("queued"):
                 log.warning(f"call {msg.get('call')}: daemon refused: {first.get('error')}; "
                             "running unmanaged")
@@ -76,11 +76,10 @@ def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
             total, silence = wait_bound(first)
             deadline = time.monotonic() + total
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if now >= deadline:
                     raise TimeoutError(f"no admission within {total:g} s")
-                daemon.settimeout(min(silence, left))
-                final = daemon.recv()
+                final = daemon.recv(deadline=min(now + silence, deadline))  # each frame whole
                 if not final.get("waiting"):
                     break
                 if on_wait is not None:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from execgate.common import protocol
+from execgate.oci.runclog import RuncLog
 
 
-def _serve(path: str, answers: list[dict[str, object]]) -> threading.Thread:
-    """A one-connection daemon: reads one request, then sends the answers in order."""
+def _serve(path: str, answers: list[dict[str, object]], every_s: float | None = None
+           ) -> threading.Thread:
+    """A one-connection daemon: reads one request, then sends the answers in order (with
+    `every_s`, a byte every every_s seconds: a trickling daemon)."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -20,9 +24,15 @@ def _serve(path: str, answers: list[dict[str, object]]) -> threading.Thread:
     def run() -> None:
         conn, _ = server.accept()
         with conn, server:
-            assert protocol.recv_frame(conn)["op"] == "admit"
-            for answer in answers:
-                conn.sendall(protocol.encode(answer))
+            assert protocol.recv_frame(conn)["op"] in ("admit", "start_sandbox")
+            data = b"".join(protocol.encode(a) for a in answers)
+            chunks = [data] if every_s is None else [bytes([b]) for b in data]
+            for chunk in chunks:
+                try:
+                    conn.sendall(chunk)
+                except OSError:
+                    return
+                time.sleep(every_s or 0)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -56,3 +66,40 @@ def test_an_answer_of_another_version_is_refused(tmp_path: Path) -> None:
 def test_a_map_no_dict_can_hold_is_a_protocol_error(body: bytes) -> None:
     with pytest.raises(protocol.ProtocolError, match="undecodable frame: a map key"):
         protocol.decode_body(body)
+
+
+def test_a_trickling_daemon_cannot_stretch_the_runtime_budget(tmp_path: Path) -> None:
+    """200 ms is the whole exchange's, up to `queued`, not each read's (issue 21, item 8)."""
+    from execgate.runtime import admit
+
+    path = str(tmp_path / "d.sock")
+    queued = protocol.reply(True, queued=True, queue="light", max_wait_s=30.0)
+    thread = _serve(path, [queued, protocol.reply(True, admitted=True)], every_s=0.02)
+    log = RuncLog(str(tmp_path / "log"), "json")
+    t0 = time.monotonic()
+    assert admit.request(path, 0.2, {"call": "tool-1"}, log) is None  # runs unmanaged
+    assert time.monotonic() - t0 < 0.5  # the frames would take > 1 s
+    assert "daemon unavailable" in (tmp_path / "log").read_text()
+    thread.join(5)
+
+
+def test_a_trickling_daemon_cannot_stretch_a_create_budget(tmp_path: Path) -> None:
+    from execgate.runtime import start_admit
+
+    path = str(tmp_path / "d.sock")
+    thread = _serve(path, [protocol.reply(True, queued=True, max_wait_s="x")], every_s=0.02)
+    t0 = time.monotonic()
+    answer, why = start_admit.ask(path, 0.2, {"sandbox": "box", "image": "img"})
+    assert answer is None and "daemon unavailable" in why
+    assert time.monotonic() - t0 < 0.5
+    thread.join(5)
+
+
+def test_a_one_shot_call_is_bounded_as_a_whole(tmp_path: Path) -> None:
+    path = str(tmp_path / "d.sock")
+    thread = _serve(path, [protocol.reply(True, pid=1)], every_s=0.02)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        protocol.call(path, protocol.request("admit"), timeout=0.2)
+    assert time.monotonic() - t0 < 0.5
+    thread.join(5)
