@@ -7,6 +7,8 @@ a malformed one is reported once per sandbox and value, is the same for both.
 
 from __future__ import annotations
 
+import os
+
 from execgate.cgroups import v2
 
 TYPE_CHECKING = False  # typing's, without importing typing on the exec path
@@ -35,5 +37,26 @@ def resolve(raw: str | None, cgroup: str, sandbox: str, state_dir: str,
 
             tell(feedback.hint_ignored(raw, parsed.error or "unparsable"))
         return None
-    limit = v2.read_int(cgroup, "memory.max")  # "max" reads as None: no limit
-    return hints.clamp(parsed.hint, priority_allowed=True, memory_limit=limit).to_dict()
+    return hints.clamp(parsed.hint, priority_allowed=True,
+                       memory_limit=memory_limit(cgroup)).to_dict()
+
+
+def memory_limit(cgroup: str) -> int | None:
+    """The most a call in the container at `cgroup` can ever use: the smallest memory.max of
+    the container's cgroup and its ancestors (a domain slice's budget among them), and never
+    more than the host's memory. No declaration is worth more: `mem=1000000000g` must not
+    become a charge that stalls every neighbour."""
+    limits = []
+    path = cgroup
+    while path and os.path.isfile(os.path.join(path, "memory.max")):
+        value = v2.read_int(path, "memory.max")  # "max" reads as None: no limit here
+        if value is not None:
+            limits.append(value)
+        path = os.path.dirname(path) if path != "/" else ""
+    from execgate.common import meminfo
+
+    try:
+        limits.append(meminfo.read()["MemTotal"])
+    except (OSError, ValueError, KeyError):
+        pass
+    return min(limits) if limits else None

@@ -163,6 +163,7 @@ class Engine:
 
     def submit(self, msg: dict[str, Any]) -> tuple[dict[str, Any], asyncio.Future[Decision]]:
         idle = self.period() > self.settings.daemon.sample_period_s
+        msg = self._within_budget(msg)
         info = call_info(msg)
         if info.priority == "high" and info.sandbox not in self.settings.daemon.priority_sandboxes \
                 and msg.get("container") not in self.settings.daemon.priority_sandboxes:
@@ -183,6 +184,21 @@ class Engine:
                  "avg": ticket.demand.avg_bytes, "source": ticket.demand.source,
                  "max_wait_s": self.settings.admission.max_admission_wait_s,
                  "max_queued_s": self.settings.admission.max_queued_s}, fut)
+
+    def _within_budget(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The request with its declaration cut to the domain's budget: no call can use more,
+        and whatever a peer declares (the runtime clamps too, to what it can see) must not
+        become a charge or a predicted growth that holds every other sandbox's calls."""
+        hint = msg.get("hint")
+        declared = hint.get("memory_bytes") if isinstance(hint, dict) else None
+        if not isinstance(declared, int):
+            return msg
+        if self.sample is None:
+            self._sample_domain()
+        budget = self.sample.budget if self.sample is not None else 0
+        if budget <= 0 or declared <= budget:
+            return msg
+        return {**msg, "hint": {**hint, "memory_bytes": budget}}
 
     def waiting(self, call_id: str) -> dict[str, Any] | None:
         """How long a queued call has waited and why, for its progress frame (None: not

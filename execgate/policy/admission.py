@@ -171,7 +171,7 @@ class Admission:
         now = self.clock()
         arrival = now if call.arrival is None else call.arrival
         raw = self.estimator.estimate(call)
-        peak = max(raw.peak_bytes, 0)
+        peak = self._within_budget(max(raw.peak_bytes, 0))
         demand = Demand(min(max(raw.avg_bytes, 0), peak), peak, raw.source)
         queue = HEAVY_QUEUE if peak >= self.config.heavy_peak_bytes else LIGHT_QUEUE
         entry = _Entry(call, demand, queue, arrival, self._seq)
@@ -192,7 +192,7 @@ class Admission:
             return
         now = self.clock()
         raw = self.estimator.estimate(call)
-        peak = max(raw.peak_bytes, used_bytes, 0)
+        peak = max(self._within_budget(max(raw.peak_bytes, 0)), used_bytes)
         demand = Demand(min(max(raw.avg_bytes, used_bytes, 0), peak), peak, "adopted")
         queue = HEAVY_QUEUE if peak >= self.config.heavy_peak_bytes else LIGHT_QUEUE
         entry = _Entry(call, demand, queue, now, self._seq, charge=demand.avg_bytes,
@@ -418,6 +418,12 @@ class Admission:
             headroom_left = max(headroom_left - peak, 0)
         return headroom_left, False
 
+    def _within_budget(self, nbytes: int) -> int:
+        """No prediction or charge exceeds the domain's budget (as last assessed): no call can
+        use more, and one that claims to must not hold every other call out forever."""
+        budget = self._last.budget if self._last is not None else 0
+        return min(nbytes, budget) if budget > 0 else nbytes
+
     def _window(self, reading: PressureReading) -> int:
         w = self.config.window_bytes
         return reading.budget if w is None else w
@@ -447,6 +453,7 @@ class Admission:
     ) -> Decision:
         cid = entry.call.call_id
         del self._queued[cid]
+        charge = self._within_budget(charge)
         entry.charge, entry.admitted_at, entry.forced, entry.probe = charge, now, forced, probe
         self._running[cid] = entry
         self._admitted_bytes += charge

@@ -84,6 +84,26 @@ def test_bounded_wait_and_cancel(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_huge_declaration_is_cut_to_the_budget_and_so_is_its_charge(tmp_path: Path) -> None:
+    """`mem=1000000000g` with no container limit: never a 2.7e17-byte charge, a red domain
+    for ever, or a neighbour held behind it once it is gone (issue 21, item 2)."""
+    async def scenario() -> None:
+        eng, clock, _ = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        eng.tick()
+        huge = {**_admit_msg(1, 1_000_000_000 << 30), "sandbox": "greedy"}
+        ticket, fut = eng.submit(huge)
+        assert ticket["peak"] <= 1024 * MiB
+        clock.t += 31  # past max_wait_s: it runs alone
+        eng.tick()
+        assert fut.done() and fut.result().charge_bytes <= 1024 * MiB
+        assert eng.reading is not None and eng.reading.predicted_growth <= 1024 * MiB
+        eng.done("tool-1")
+        _, small = eng.submit({**_admit_msg(2, 50 * MiB), "sandbox": "neighbour"})
+        assert small.done() and small.result().waited_s == 0.0
+
+    asyncio.run(scenario())
+
+
 def test_vanished_call_is_released(tmp_path: Path) -> None:
     async def scenario() -> None:
         eng, clock, _ = _engine(tmp_path, budget=2048 * MiB, used=0)

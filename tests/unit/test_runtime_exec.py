@@ -194,7 +194,7 @@ class Box:
         self.runc.chmod(0o755)
         self.out = tmp / "runc-out"
 
-    def config(self, timeout_ms: int = 200, **more: Any) -> dict[str, Any]:
+    def config(self, timeout_ms: int = 1000, **more: Any) -> dict[str, Any]:
         return {"state_dir": str(self.state), "journal": str(self.journal),
                 "socket": str(self.socket), "daemon_timeout_ms": timeout_ms, **more}
 
@@ -211,11 +211,11 @@ class Box:
         return ["--root", "/run/runc", "--log", str(self.log), "--log-format", "json", "exec",
                 "--process", spec, "--detach", "box"]
 
-    def context(self, argv: list[str], timeout_ms: int = 200) -> Context:
+    def context(self, argv: list[str], timeout_ms: int = 1000) -> Context:
         return Context(inv=cli.parse(argv), config=Config(**self.config(timeout_ms)),
                        log=RuncLog(str(self.log), "json"), runc=str(self.runc))
 
-    def run(self, argv: list[str], timeout_ms: int = 200, status: int = 3, **config: Any
+    def run(self, argv: list[str], timeout_ms: int = 1000, status: int = 3, **config: Any
             ) -> subprocess.CompletedProcess[str]:
         """The runtime process for one exec, to its end and its watcher's."""
         env = {**os.environ, "PYTHONPATH": REPO, "FAKE_BOX": str(self.cg),
@@ -534,3 +534,29 @@ def test_a_failed_handler_thaws_a_frozen_init_before_passing_through(
     assert ran == [argv]  # passed through untouched
     assert (box.cg / "init" / "cgroup.freeze").read_text().strip() == "0"
     assert any("AttributeError" in m and "passing through" in m for m in box.warnings())
+
+
+# -- declarations (issue 21, item 2) -------------------------------------------------------------
+
+
+def test_a_declaration_never_exceeds_the_domain_or_the_host(tmp_path: Path) -> None:
+    """No container limit: a declaration is cut to its domain slice's memory.max (an
+    ancestor), and with none anywhere, to the host's memory."""
+    from execgate.calls import hint
+    from execgate.common import meminfo
+
+    domain = tmp_path / "egbench.slice"
+    box = domain / "docker-box.scope"
+    box.mkdir(parents=True)
+    (domain / "memory.max").write_text(f"{GiB}\n")
+    (box / "memory.max").write_text("max\n")
+
+    def declared(cg: Path, raw: str = "mem=1000000000g") -> int:
+        got = hint.resolve(raw, str(cg), "box", str(tmp_path / "state"), print, None)
+        assert got is not None
+        return got["memory_bytes"]
+
+    assert declared(box) == GiB
+    assert declared(box, "mem=512m") == 512 * MiB  # what fits stays as declared
+    (domain / "memory.max").write_text("max\n")
+    assert declared(box) == meminfo.read()["MemTotal"]
