@@ -10,7 +10,9 @@ default, using in order:
     cancel out), and each ratio is clamped to [1/16, 16] so one absurd hint cannot poison the
     window. Per sandbox, because how well an agent declares is the agent's own: one that
     over-declares must not discount a truthful neighbour's 2 GB into a co-admission that
-    OOM-kills. No history in the sandbox: factor 1.
+    OOM-kills. No history in the sandbox: factor 1. The clamp also bounds an under-declaration's
+    correction, so D' is never below the sandbox's own history of that command class (b): the
+    peak is max(D', history) (issue 21: 1 B declared, 2 GiB used, must not stay "light").
 (b) otherwise the history of the same (sandbox, command class), then of the command class across
     sandboxes (ToolSched §3.3). We use the *recent max* of observed peaks over a short window
     (default 8 calls) rather than an EWMA: an under-estimate costs an OOM kill while an
@@ -198,22 +200,31 @@ class HistoryEstimator:
 
     def estimate(self, call: CallInfo) -> Demand:
         cfg = self.config
+        cls = classify_command(call.argv)
+        own = self._history(self._by_sandbox.get((call.sandbox, cls)), f"sandbox-history:{cls}")
         declared = call.declared_bytes
         if declared is not None and declared > 0:
             peak = round(declared * self.peak_correction(call.sandbox))
             avg = min(round(declared * self.avg_correction(call.sandbox)), peak)
+            if own is not None and own.peak_bytes > peak:
+                # The ratio clamp bounds the correction at 16x: a sandbox that declares 1 B
+                # and peaks at 2 GiB must not make its calls "light". What it used wins.
+                return Demand(max(own.avg_bytes, avg), own.peak_bytes, own.source)
             return Demand(avg, peak, "declared")
-        cls = classify_command(call.argv)
-        for kind, hist in (
-            ("sandbox-history", self._by_sandbox.get((call.sandbox, cls))),
-            ("class-history", self._by_class.get(cls)),
-        ):
-            if hist is not None and len(hist.peaks) >= cfg.min_history:
-                peak = int(max(hist.peaks))
-                avg = min(math.ceil(sum(hist.avgs) / len(hist.avgs)), peak)
-                return Demand(avg, peak, f"{kind}:{cls}")
+        if own is not None:
+            return own
+        shared = self._history(self._by_class.get(cls), f"class-history:{cls}")
+        if shared is not None:
+            return shared
         peak = cfg.default_peak(cls)
         return Demand(math.ceil(peak * cfg.avg_fraction), peak, f"class-default:{cls}")
+
+    def _history(self, hist: _Window | None, source: str) -> Demand | None:
+        """The recent max peak and mean average of a window, once it holds min_history."""
+        if hist is None or len(hist.peaks) < self.config.min_history:
+            return None
+        peak = int(max(hist.peaks))
+        return Demand(min(math.ceil(sum(hist.avgs) / len(hist.avgs)), peak), peak, source)
 
     def observe(self, call: CallInfo, outcome: Outcome) -> None:
         cfg = self.config

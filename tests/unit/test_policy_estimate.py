@@ -135,7 +135,22 @@ def test_declared_gm_three_ratios_and_under_declaration() -> None:
     for ratio in (0.25, 4.0, 4.0):  # GM = (0.25 * 4 * 4) ** (1/3) = 4 ** (1/3)
         est.observe(call(declared=64 * MiB), outcome(int(64 * MiB * ratio)))
     assert est.peak_correction("sb") == pytest.approx(4 ** (1 / 3))
-    assert est.estimate(call(declared=3 * MiB)).peak_bytes == round(3 * MiB * 4 ** (1 / 3))
+    build = call(["cargo", "build"], declared=3 * MiB)  # a class the sandbox has no history of
+    assert est.estimate(build).peak_bytes == round(3 * MiB * 4 ** (1 / 3))
+
+
+def test_under_declaring_never_beats_the_sandboxs_own_history() -> None:
+    """Issue 21 §4: 50 calls that declared 1 B and peaked at 2 GiB. The clamped GM corrects
+    a 1 B declaration to 16 B: the call would always be "light". The history wins."""
+    est = HistoryEstimator()
+    for i in range(50):
+        est.observe(call(declared=1, cid=f"c{i}"), outcome(2 * GiB, GiB))
+    d = est.estimate(call(declared=1))
+    assert d == Demand(GiB, 2 * GiB, "sandbox-history:test")
+    # A declaration above the history stands; a neighbour's history never raises one.
+    assert est.estimate(call(declared=3 * GiB)).source == "declared"
+    assert est.estimate(call(declared=64 * MiB, sandbox="other")) == \
+        Demand(16 * MiB, 64 * MiB, "declared")
 
 
 def test_ratios_are_clamped() -> None:
@@ -223,9 +238,11 @@ def test_history_fallback_order() -> None:
     # Class history: max of peaks (600), mean of averages (150).
     assert est.estimate(pytest_c) == Demand(150 * MiB, 600 * MiB, "class-history:test")
 
-    # Another class of the same sandbox is untouched; a declared hint wins over history.
+    # Another class of the same sandbox is untouched; a declared hint above the sandbox's
+    # history wins over it, one below does not (issue 21 §4).
     assert est.estimate(call(["git", "log"], sandbox="a")).source == "class-default:git"
-    assert est.estimate(call(["pytest"], sandbox="a", declared=64 * MiB)).source == "declared"
+    assert est.estimate(call(["pytest"], sandbox="a", declared=512 * MiB)).source == "declared"
+    assert est.estimate(call(["pytest"], sandbox="a", declared=64 * MiB)).peak_bytes == 300 * MiB
     # Wrapped commands share the class history.
     wrapped = call(["sh", "-c", "cd /w && pytest -q"], sandbox="a")
     assert est.estimate(wrapped).source == "sandbox-history:test"
