@@ -331,6 +331,7 @@ def pick_last_resort_victim(
     config: GrowthConfig | None = None,
     budget_bytes: int | None = None,
     swap_free_bytes: int | None = None,
+    sharing: int | None = None,
 ) -> Victim | None:
     """ToolSched §3.4: the tool call to kill when the host is about to OOM, or None.
 
@@ -339,8 +340,9 @@ def pick_last_resort_victim(
     taken as none): while swap has room the kernel pushes memory out instead of killing. The
     victim has the largest V = (U - D) / T: usage above its declared demand per second of run
     time, i.e. the call that overran its declaration fastest. D is trusted only up to the call's
-    share of the domain (``budget_bytes`` over the candidates): a huge declaration must not
-    move the kill onto a neighbour (issue 21). Callers pass running tool calls only — never the
+    share of the domain (``budget_bytes`` over ``sharing`` calls, by default the candidates;
+    held calls count too, as their memory stays): a huge declaration must not move the kill
+    onto a neighbour (issue 21). Callers pass running tool calls only — never the
     container's init, the agent, or a call the gate holds. Calls within their (credible)
     declaration (U - D <= 0) never qualify.
     """
@@ -350,7 +352,8 @@ def pick_last_resort_victim(
     if swap_free_bytes is not None and swap_free_bytes >= cfg.critical_headroom_bytes:
         return None
     candidates = list(samples)
-    share = None if not budget_bytes or not candidates else budget_bytes // len(candidates)
+    n = max(sharing or 0, len(candidates))
+    share = None if not budget_bytes or not n else budget_bytes // n
     best: Victim | None = None
     for s in candidates:
         declared = s.declared_bytes or 0
@@ -707,6 +710,7 @@ class GrowthController:
         prev, _ = self._available
         if prev is not None and mem_available >= prev:
             return None
+        samples = list(samples)
         running = [s for s in samples if s.call_id not in self._calls
                    or self._calls[s.call_id].allowed]
         return pick_last_resort_victim(
@@ -717,6 +721,7 @@ class GrowthController:
             config=self.config,
             budget_bytes=self._domain_budget,
             swap_free_bytes=swap_free,
+            sharing=len(samples),  # the held calls share the budget too
         )
 
     def snapshot(self) -> dict[str, object]:

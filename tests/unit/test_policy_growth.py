@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -803,6 +804,47 @@ def test_last_resort_trusts_a_declaration_only_up_to_the_calls_share() -> None:
     v = pick_last_resort_victim([hog, *small], budget_bytes=1024 * MiB, **kw)
     assert v is not None and v.call_id == "hog"  # share 256 MiB: 700 - 256 = 444 MiB over
     assert v.excess_bytes == 444 * MiB
+
+
+def test_no_declaration_above_a_share_moves_the_last_resort_kill() -> None:
+    """Issue 21 §3, adversarially: over random sets of running calls, a call that declares
+    anything above its share (up to the 2^60 a hint may say) is ranked exactly as if it had
+    declared its share, so no declaration can buy more than a share's worth of cover."""
+    r = random.Random(21)
+    kw = {"now": 10.0, "red_for_s": 5.0, "headroom_bytes": 0}
+    for _ in range(2000):
+        n = r.randrange(2, 7)
+        budget = r.randrange(256, 8192) * MiB
+        share = budget // n
+        others = [_s(f"n{i}", r.randrange(1, 3000), r.choice((None, r.randrange(1, 3000))),
+                     r.uniform(0.0, 9.5)) for i in range(n - 1)]
+        use, started = r.randrange(1, 6000) * MiB, r.uniform(0.0, 9.5)
+
+        def victim(declared: int, use: int = use, started: float = started,
+                   others: list[Sample] = others, budget: int = budget) -> str | None:
+            hog = Sample("hog", use, 0, declared, started)
+            v = pick_last_resort_victim([hog, *others], budget_bytes=budget, **kw)
+            return None if v is None else v.call_id
+
+        assert victim(r.choice((share + 1, 1 << 40, 1 << 60))) == victim(share)
+
+
+def test_the_daemon_path_bounds_a_declaration_by_the_domain_budget() -> None:
+    """Through the controller, as growth_gate.py drives it (budget from update): the hog that
+    declares about 1 TiB and uses 700 MiB of a 1 GiB domain is the victim. The gate holds its
+    three neighbours, but they still share the budget: the hog's share is 256 MiB, not the
+    whole domain (counting only the calls let run, its declaration covered all it used)."""
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(), clock)  # type: ignore[arg-type]
+    hog = _s("hog", 700, 1_000_000, 0.0)
+    small = [_s(f"n{i}", 100, None, 0.0) for i in range(3)]
+    mib = 60
+    for _ in range(40):  # red, critical and falling
+        mib -= 1
+        clock.advance(STEP)
+        ctl.update([hog, *small], R, mib * MiB, 1024 * MiB)
+    v = ctl.last_resort_victim([hog, *small], (mib - 1) * MiB)
+    assert v is not None and v.call_id == "hog"
 
 
 def test_no_last_resort_while_swap_has_room() -> None:
