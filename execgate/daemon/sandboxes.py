@@ -21,12 +21,15 @@ memory.peak, learned for its image when its record goes (the runtime's `delete` 
 A create admitted on bytes idle sandboxes can give back asks residency for them
 (`make_room`: reclaimed from the next period on, the longest idle first). A create whose cgroup
 lies outside a cgroup domain is admitted at once: its memory is not the domain's to share.
-Baselines live in memory only: a restarted daemon starts from the defaults.
+The baselines learned are kept in the state directory (`baselines.json`, the last
+history_window per image), so a restarted or upgraded daemon admits from what it has seen; an
+unreadable file is logged and the defaults serve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -54,6 +57,7 @@ from .idle_sandboxes import Residency
 log = logging.getLogger("execgated")
 
 RESCAN_S = 2.0  # records (and baselines) are re-read at most this often while nothing waits
+BASELINES = "baselines.json"  # in the state directory: {image: [[baseline, call peak], ...]}
 
 
 def cgroup_dir(cgroups_path: str, root: str = v2.ROOT) -> str | None:
@@ -111,6 +115,44 @@ class Sandboxes:
         self.scanned_at = -math.inf
         self.stats = {"outside_domain": 0, "cancelled": 0}
         self.last: DomainSnapshot | None = None
+        self.learned_path = os.path.join(state_dir, BASELINES)
+        self.learned: dict[str, list[list[int | None]]] = self._load_learned()
+
+    # -- baselines kept across restarts ---------------------------------------------------------
+
+    def _load_learned(self) -> dict[str, list[list[int | None]]]:
+        try:
+            with open(self.learned_path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("sandbox baselines: %s unreadable (%s); the defaults serve",
+                        self.learned_path, e)
+            return {}
+        learned: dict[str, list[list[int | None]]] = {}
+        for image, seen in (data.items() if isinstance(data, dict) else ()):
+            for item in seen if isinstance(seen, list) else ():
+                base, peak = [*item, None][:2] if isinstance(item, list) and item else (None, None)
+                if type(base) is not int or not (peak is None or type(peak) is int):
+                    continue  # a hand-edited entry: skipped, the rest still serve
+                self.policy.model.observe(str(image), base, peak)
+                learned.setdefault(str(image), []).append([base, peak])
+        return learned
+
+    def _learn(self, image: str, baseline: int, call_peak: int | None) -> None:
+        seen = self.learned.setdefault(image, [])
+        seen.append([baseline, call_peak])
+        del seen[:-self.cfg.history_window]
+        while len(self.learned) > self.cfg.max_images:
+            self.learned.pop(next(iter(self.learned)))
+        tmp = f"{self.learned_path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.learned, f)
+            os.replace(tmp, self.learned_path)
+        except OSError as e:
+            log.warning("sandbox baselines: not saved to %s (%s)", self.learned_path, e)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -247,6 +289,8 @@ class Sandboxes:
         for cid in set(self.boxes) - seen:
             box = self.boxes.pop(cid)
             self.policy.finished(cid, box.image, box.baseline or None, box.call_peak)
+            if box.baseline:
+                self._learn(box.image, box.baseline, box.call_peak)
             self.events.publish("finished", of="sandbox", sandbox=cid, image=box.image,
                                 baseline=box.baseline, call_peak=box.call_peak)
 

@@ -288,3 +288,27 @@ def test_the_runtime_fails_open_on_a_silent_daemon(tmp_path: Path) -> None:
     for s in held:
         s.close()
     os.unlink(path)
+
+
+def test_learned_baselines_survive_a_restart_and_a_bad_file_is_no_failure(
+        tmp_path: Path) -> None:
+    bed = Bed(tmp_path)
+    bed.sandbox("a", 70 * MiB)
+    bed.engine.tick()
+    bed.remove("a")
+    bed.clock.t += 3
+    bed.engine.tick()  # a is gone: its baseline is learned, and kept
+    saved = tmp_path / "state" / "baselines.json"
+    assert saved.exists()
+    again = Engine(bed.daemon.cfg, bed.engine.settings, bed.clock)  # a restarted daemon
+    pred = again.sandboxes.policy.model.predict("cmd:memload")
+    assert pred.baseline_bytes == 70 * MiB and pred.source.startswith("image-history"), pred
+    # A corrupt or hand-edited file: logged, and what can be read still serves.
+    saved.write_text('{"cmd:memload": [[1048576, null], ["x"], "y"], "other": 3}')
+    pred = Engine(bed.daemon.cfg, bed.engine.settings, bed.clock) \
+        .sandboxes.policy.model.predict("cmd:memload")
+    assert pred.baseline_bytes == 1 * MiB, pred
+    saved.write_text("{not json")
+    pred = Engine(bed.daemon.cfg, bed.engine.settings, bed.clock) \
+        .sandboxes.policy.model.predict("cmd:memload")
+    assert pred.source == "default", pred
