@@ -184,6 +184,10 @@ def memory_domain(containers: Containers, slice_name: str, budget: int, n: int,
         cids = [containers.run("--cgroup-parent", slice_name) for _ in range(n)]
         with open(os.path.join(domain, "memory.max"), "w") as f:
             f.write(str(budget))
+        # Baselines other tests' sandboxes taught the daemon would change this test's
+        # admissions: each domain starts from the configured defaults.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(STATE_DIR, "baselines.json"))
         systemctl("restart", "execgated")
         wait_for(daemon_up, timeout=120, what="execgated to come up")
         yield cids
