@@ -95,7 +95,9 @@ def _coerce(name: str, value: object, default: object) -> object:
     if isinstance(default, tuple):
         if isinstance(value, str):
             return (value,)
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+            if not value and default:  # `runtime = []` would leave nothing to run
+                raise ValueError(f"{name} must not be empty")
             return tuple(value)
         raise ValueError(f"{name} must be a string or a list of strings")
     if isinstance(default, bool):

@@ -13,7 +13,7 @@ import os
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing: the runtime imports this
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
     from typing import Any
 
 
@@ -132,21 +132,36 @@ def tail_journal(path: str, n: int, chunk: int = 1 << 16) -> list[dict[str, Any]
             pos -= step
             f.seek(pos)
             data = f.read(step) + data
-    out = []
-    for line in data.splitlines()[-n:] if n > 0 else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return journal_entries(data.splitlines()[-n:] if n > 0 else [])
 
 
 def read_journal(path: str) -> Iterator[dict[str, Any]]:
     if not os.path.exists(path):
         return
-    with open(path) as f:
+    with open(path, "rb") as f:
         for line in f:
+            yield from journal_entries([line])
+
+
+# Every entry starts with its call (calls/record.py's journal order); inside a JSON string a
+# quote is escaped, so this is only ever the start of an entry.
+_ENTRY_START = b'{"call"'
+
+
+def journal_entries(lines: Iterable[bytes]) -> list[dict[str, Any]]:
+    """The entries of whole journal lines. A line a writer never finished (killed mid-write,
+    disk full) has the next writer's entry appended to it: that entry is recovered, only the
+    torn part is lost."""
+    out = []
+    for line in lines:
+        start = 0
+        while start >= 0:
             try:
-                yield json.loads(line)
+                entry = json.loads(line[start:])
             except ValueError:
+                start = line.find(_ENTRY_START, start + 1)
                 continue
+            if isinstance(entry, dict):
+                out.append(entry)
+            break
+    return out

@@ -13,6 +13,8 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
+from execgate.common import records
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     call TEXT PRIMARY KEY,
@@ -94,12 +96,7 @@ class JournalFollower:
             f.seek(self.offset)
             data = f.read(st.st_size - self.offset)
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
-        out = []
-        for line in data[:end].splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
+        out = records.journal_entries(data[:end].splitlines())
         self.offset += end
         self.store.set_meta("journal_pos", f"{self.inode}:{self.offset}")
         return out

@@ -41,6 +41,20 @@ def _handlers() -> dict[str, ModuleType]:
     return {"create": create, "start": start, "exec": exec_, "kill": kill, "delete": delete}
 
 
+def _runtime(cfg: config_mod.Config, log: RuncLog) -> str:
+    """The real runtime: the configured one, else (a typo must not break every container
+    operation) the default candidates, with an error logged."""
+    try:
+        return runc.find(cfg.runtime)
+    except runc.RuntimeNotFound as e:
+        default = config_mod.Config.runtime
+        if cfg.runtime == default:
+            raise
+        real = runc.find(default)
+        log.error(f"configured runtime: {e}; using {real}")
+        return real
+
+
 def main() -> None:
     argv = sys.argv[1:]
     inv = cli.parse(argv)
@@ -55,7 +69,7 @@ def main() -> None:
         print(f"execgate: {msg}", file=sys.stderr)
         sys.exit(1)
     try:
-        real = runc.find(cfg.runtime)
+        real = _runtime(cfg, log)
     except runc.RuntimeNotFound as e:
         log.error(str(e))
         print(f"execgate: {e}", file=sys.stderr)

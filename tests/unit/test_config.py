@@ -43,3 +43,13 @@ def test_env_override(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-u
     p.write_text('state_dir = "/x"\n')
     monkeypatch.setenv("EXECGATE_CONFIG", str(p))
     assert config.load().state_dir == "/x"
+
+
+def test_an_empty_runtime_list_keeps_the_defaults_with_an_error(tmp_path: Path) -> None:
+    """`runtime = []` left nothing to run: every container operation failed (issue 21 §10)."""
+    for value in ("[]", '[""]'):
+        p = tmp_path / "c.toml"
+        p.write_text(f"runtime = {value}\n")
+        cfg = config.load(str(p))
+        assert cfg.runtime == config.Config().runtime
+        assert len(cfg.errors) == 1 and "runtime" in cfg.errors[0]

@@ -6,7 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from execgate.common import protocol
+from execgate.common import protocol, records
 from execgate.common.config import Config
 from execgate.common.units import MiB
 from execgate.daemon import settings
@@ -149,6 +149,21 @@ def test_journal_follower_resumes_and_handles_rotation(tmp_path: Path) -> None:
     path.unlink()
     path.write_text('{"call": "d"}\n')
     assert [e["call"] for e in JournalFollower(str(path), store).read_new()] == ["d"]
+
+
+def test_a_torn_journal_line_never_swallows_the_next_entry(tmp_path: Path) -> None:
+    """A watcher killed mid-write leaves a line without its end; the next watcher's entry is
+    appended to it (O_APPEND). Only the torn part is lost (issue 21, item 10)."""
+    store = Store(str(tmp_path / "h.sqlite"))
+    path = tmp_path / "calls.jsonl"
+    path.write_text('{"call":"a","argv":["x"]}\n{"call":"torn","argv":["{\\"call\\":')
+    f = JournalFollower(str(path), store)
+    assert [e["call"] for e in f.read_new()] == ["a"]
+    with open(path, "a") as fh:
+        fh.write('{"call":"b","argv":["y"]}\n{"call":"c"}\n')
+    assert [e["call"] for e in f.read_new()] == ["b", "c"]
+    assert [e["call"] for e in records.tail_journal(str(path), 10)] == ["a", "b", "c"]
+    assert [e["call"] for e in records.read_journal(str(path))] == ["a", "b", "c"]
 
 
 def test_settings_sizes_and_errors() -> None:

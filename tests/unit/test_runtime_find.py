@@ -64,3 +64,28 @@ def test_which_agrees_with_shutil(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert runc.which("rt", "") is None
     monkeypatch.setenv("PATH", str(b))
     assert runc.which("rt") == str(b / "rt")
+
+
+@pytest.mark.parametrize("configured", ['"runcc"', '["/nope/runc"]', '"/bin"'])
+def test_a_runtime_not_found_falls_back_to_the_defaults_with_an_error(
+        tmp_path: Path, configured: str) -> None:
+    """A typo in `runtime` must not break every container operation (issue 21 §10)."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _exe(bin_dir / "runc", '#!/bin/sh\necho "runc:$*"\n')
+    conf = tmp_path / "config.toml"
+    conf.write_text(f"runtime = {configured}\n")
+    log = tmp_path / "runc.log"
+    code = (f"from execgate.common import config; config.CACHE_PATH = {str(tmp_path / 'c')!r}\n"
+            "from execgate.runtime.main import main; main()")
+    env = {k: v for k, v in os.environ.items() if k != runc.LOOP_MARKER}
+    env.update(EXECGATE_CONFIG=str(conf), PATH=f"{bin_dir}:/usr/bin:/bin",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out = subprocess.run([sys.executable, "-c", code, "--log", str(log), "--log-format",
+                          "json", "state", "box"], env=env, capture_output=True, text=True,
+                         timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"runc:--log {log} --log-format json state box\n"
+    assert "configured runtime: no OCI runtime found" in log.read_text()
