@@ -7,8 +7,10 @@ seed and the input's index and replays exactly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 N = int(os.environ.get("EXECGATE_FUZZ_N", "10000"))
@@ -61,3 +63,14 @@ def value(r: random.Random, depth: int = 0) -> Any:
 def depth(r: random.Random) -> int:
     """How deep a nested-past-sanity input goes (recursion limits)."""
     return r.choice((200, 2000, 100_000))
+
+
+@contextlib.contextmanager
+def reported(i: int, data: object, *allowed: type[Exception]) -> Iterator[None]:
+    """Any exception but the allowed ones fails the harness, naming the seed and the input."""
+    try:
+        yield
+    except allowed:
+        raise
+    except Exception as e:
+        raise AssertionError(f"seed {SEED} input {i}: {str(data)[:300]}: {e!r}") from e

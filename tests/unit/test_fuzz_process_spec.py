@@ -60,12 +60,11 @@ def test_any_process_spec_reads_as_a_spec_or_a_value_error(tmp_path: Path) -> No
     for i in range(fuzzing.N):
         data = _spec(r)
         try:
-            spec = process.parse(data)
+            with fuzzing.reported(i, data, ValueError):
+                spec = process.parse(data)
         except ValueError:
             refused += 1
             continue
-        except Exception as e:  # pragma: no cover - the failure report
-            raise AssertionError(f"seed {fuzzing.SEED} input {i}: {data[:200]!r}: {e!r}") from e
         read += 1
         assert all(isinstance(a, str) for a in spec.args)
         assert all(isinstance(e, str) for e in spec.env)

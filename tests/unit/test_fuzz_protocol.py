@@ -46,11 +46,10 @@ def test_any_frame_decodes_to_a_map_or_a_protocol_error() -> None:
     for i in range(fuzzing.N):
         body = _body(r)
         try:
-            msg = protocol.decode_body(body)
+            with fuzzing.reported(i, body, protocol.ProtocolError):
+                msg = protocol.decode_body(body)
         except protocol.ProtocolError:
             continue
-        except Exception as e:  # pragma: no cover - the failure report
-            raise AssertionError(f"seed {fuzzing.SEED} input {i}: {body[:80]!r}: {e!r}") from e
         assert isinstance(msg, dict)
         maps += 1
     assert maps > 0
@@ -115,10 +114,8 @@ def test_no_request_raises_past_the_dispatcher_or_leaks_a_charge(tmp_path: Path)
             if r.random() < 0.03:
                 msg["v"] = fuzzing.scalar(r)
             conn = _Conn(r)
-            try:
+            with fuzzing.reported(i, msg):
                 answer = await server._dispatch(msg, conn)  # type: ignore[arg-type]
-            except Exception as e:  # pragma: no cover - the failure report
-                raise AssertionError(f"seed {fuzzing.SEED} input {i}: {msg!r}: {e!r}") from e
             frames = conn.sent + ([answer] if answer is not None else [])
             assert all(f.get("v") == 1 for f in frames), (i, msg, frames)
             assert not any(f.get("ok") is False and "Error:" in str(f.get("error"))
