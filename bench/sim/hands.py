@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.sim.memory import Domain, SimBox, SimCall
+from bench.sim.views import BoxViews
 from execgate.common.config import Config
 from execgate.common.hints import parse_size
 from execgate.daemon import settings as daemon_settings
@@ -126,6 +127,31 @@ class ExecgateHands:
         self.box_peaks: dict[str, int] = {}  # live sandbox -> largest call peak so far
         self.sandbox_waits: list[float] = []
         self.sandbox_fail_open = 0
+        self._box_calls: dict[str, int] = {}  # sandbox -> its submitted, unreleased calls
+        # The policy's views of the sandboxes, rebuilt only where they changed (views.py).
+        self._live_views = (BoxViews(domain, self._live_view) if sandbox_admission is not None
+                            else None)
+        self._residency_views = BoxViews(domain, self._residency_view)
+
+    def _mark(self, box_id: str) -> None:
+        """What the views show of a sandbox changed here (a call queued or gone, frozen, ...)."""
+        self._residency_views.mark(box_id)
+        if self._live_views is not None:
+            self._live_views.mark(box_id)
+
+    def _live_view(self, b: SimBox, now: float) -> tuple[Any, bool]:
+        """Sandbox admission's view: idle (gives back what it can) unless a call waits or runs."""
+        peak = self.next_peak.get(b.id)
+        idle = peak is None and b.call is None
+        reclaimable = b.cache + (b.anon if self.domain.config.swap else 0)
+        return LiveSandbox(b.id, int(b.anon + b.cache), int(reclaimable),
+                           now - b.last_active if idle else None, peak or 0), idle
+
+    def _residency_view(self, b: SimBox, now: float) -> tuple[SandboxView, bool]:
+        """Residency's view: idle unless a call of it is submitted and not yet released."""
+        idle = b.id not in self._box_calls
+        return SandboxView(b.id, now - b.last_active if idle else None, int(b.anon + b.cache),
+                           True, b.id in self.frozen, b.id in self.reclaimed), idle
 
     # -- sandbox creates -----------------------------------------------------------------------
 
@@ -140,14 +166,8 @@ class ExecgateHands:
     def step_sandboxes(self) -> list[str]:
         if self.sandboxes is None or not self.box_waiting:
             return []
-        now = self.clock()
-        live = []
-        for b in self.domain.boxes.values():
-            busy = b.id in self.next_peak or b.call is not None
-            live.append(LiveSandbox(b.id, int(b.anon + b.cache),
-                                    int(b.cache + (b.anon if self.domain.config.swap else 0)),
-                                    None if busy else now - b.last_active,
-                                    self.next_peak.get(b.id, 0)))
+        assert self._live_views is not None
+        live = self._live_views.read(self.clock())
         running = [int(max(c.level, self.calls[cid].declared_bytes or 0))
                    for cid, c in self.running.items() if cid in self.calls]
         margin = self.reading.safety_margin if self.reading is not None else 0
@@ -176,6 +196,8 @@ class ExecgateHands:
                declared: int | None) -> list[Decision]:
         info = CallInfo(call_id, sandbox, argv, declared_bytes=declared)
         self.calls[call_id] = info
+        self._box_calls[sandbox] = self._box_calls.get(sandbox, 0) + 1
+        self._mark(sandbox)
         ticket = self.admission.submit(info)
         if self.sandboxes is not None:
             self.sandboxes.settled(sandbox)  # its first call: it holds its baseline now
@@ -195,6 +217,10 @@ class ExecgateHands:
         self.cpu.pop(call_id, None)
         if info is None:
             return []
+        left = self._box_calls.pop(info.sandbox) - 1
+        if left:
+            self._box_calls[info.sandbox] = left
+        self._mark(info.sandbox)
         if self.sandboxes is not None:
             self.next_peak.pop(info.sandbox, None)
             if call is not None:
@@ -271,18 +297,14 @@ class ExecgateHands:
 
     def _residency(self, reading: PressureReading, now: float) -> None:
         cfg = self.residency
-        busy = {info.sandbox for info in self.calls.values()}
-        views = []
+        views = self._residency_views.read(now)
         reclaiming = bool(self.domain.reclaiming)
-        for b in self.domain.boxes.values():
-            idle = None if b.id in busy else now - b.last_active
-            views.append(SandboxView(b.id, idle, int(b.anon + b.cache), True, b.id in self.frozen,
-                                     b.id in self.reclaimed))
         p = self.settings.pressure
         yellow = int(reading.budget * (p.red_fraction + p.yellow_fraction))
         need = max(yellow - reading.effective_headroom, 0) if reading.state else 0
         need += self.admission.queued_bytes()
         for a in plan(cfg, reading.state, now - self.green_since, need, views, reclaiming):
+            self._mark(a.cid)
             if a.kind == "freeze":
                 self.frozen.add(a.cid)
                 self.stats.freezes += 1

@@ -95,6 +95,7 @@ class SimBox:
     last_active: float = 0.0
     call: SimCall | None = None
     reclaim_left: int = 0  # memory.reclaim still in flight
+    seq: int = 0  # its place in the domain (boxes in the order they came)
 
     @property
     def anon(self) -> int:
@@ -126,6 +127,14 @@ class Domain:
     reclaiming: set[str] = field(default_factory=set)  # boxes with a memory.reclaim in flight
     static: float = 0.0  # sum of _box_static over live boxes, kept incrementally
     levels: float = 0.0  # sum of the running calls' bytes (+ their overhead), kept likewise
+    # Sets that collect the ids of boxes that came, went, or whose bytes or call changed: what
+    # the daemon's hands re-read (its views of 1,000 sandboxes, rebuilt only where they moved).
+    watchers: list[set[str]] = field(default_factory=list)
+    added: int = 0
+
+    def _touch(self, box_id: str) -> None:
+        for w in self.watchers:
+            w.add(box_id)
 
     def _box_static(self, b: SimBox) -> float:
         return (b.anon + b.cache + b.swapped / self.config.swap_ratio
@@ -134,12 +143,16 @@ class Domain:
     # -- the population ------------------------------------------------------------------------
 
     def add_box(self, box: SimBox) -> None:
+        self.added += 1
+        box.seq = self.added
         self.boxes[box.id] = box
         self.static += self._box_static(box)
+        self._touch(box.id)
 
     def remove_box(self, box_id: str) -> None:
         box = self.boxes.pop(box_id, None)
         if box is not None:
+            self._touch(box_id)
             box.alive = False
             self.static -= self._box_static(box)
             if box.call is not None and self.running.pop(box.call.id, None) is not None:
@@ -151,6 +164,7 @@ class Domain:
 
     def start_call(self, call: SimCall) -> None:
         call.box.call = call
+        self._touch(call.box.id)
         self.running[call.id] = call
         self.levels += call.level + self.config.call_overhead_bytes
 
@@ -168,6 +182,7 @@ class Domain:
     def end_call(self, call: SimCall, leaves: bool = True) -> None:
         """The process exited (leaves: normally, so its retained bytes and cache stay)."""
         box = call.box
+        self._touch(box.id)
         if box.call is call:
             box.call = None
         if self.running.pop(call.id, None) is not None:
@@ -199,6 +214,7 @@ class Domain:
         if n <= 0:
             return 0.0
         before = self._box_static(b)
+        self._touch(b.id)
         b.swapped += n
         self.static += self._box_static(b) - before
         self.swap_out_bytes += n
@@ -212,6 +228,8 @@ class Domain:
                 self.reclaiming.discard(bid)
                 continue
             got = min(b.cache, b.reclaim_left)
+            if got:
+                self._touch(bid)
             b.cache -= got
             self.static -= got
             b.reclaim_left -= got
@@ -239,6 +257,7 @@ class Domain:
             if over <= 0:
                 break
             got = int(min(b.cache, over))
+            self._touch(b.id)
             b.cache -= got
             self.static -= got
             over -= got

@@ -176,3 +176,43 @@ def test_sandbox_admission_follows_the_daemon_config() -> None:
                                                      domain="/sys/fs/cgroup/x.slice")) is None
     assert sa("eager", {}) is None
     assert sa("execgate-sandboxadmit", {"sandbox_admission": {"enabled": False}}) is not None
+
+
+def test_incremental_views_match_a_full_rebuild(monkeypatch) -> None:
+    """The policy's sandbox views, kept up to date where the memory model or the hands say they
+    moved (bench/sim/views.py), equal a rebuild of every view on every read: with swap and
+    page cache (reclaims, swap-outs), sandbox admission, OOM kills and retries."""
+    from bench.sim import schemes as sim_schemes
+    from bench.sim.views import BoxViews
+
+    monkeypatch.setattr(BoxViews, "verify", True)
+    reads = 0
+    read = BoxViews.read
+
+    def counted(self: BoxViews, now: float) -> list:
+        nonlocal reads
+        reads += 1
+        return read(self, now)
+
+    monkeypatch.setattr(BoxViews, "read", counted)
+
+    def task(i: int) -> Task:  # LLM waits past idle_after_s: idle sandboxes for residency
+        peak = (40 + 15 * i) * MiB
+        steps: list[LlmWait | ToolCall] = []
+        for k in range(3):
+            steps.append(LlmWait(25.0 if k else 0.5))
+            steps.append(ToolCall("python -m pytest -q", 2.0 + k,
+                                  MemoryProfile(peak // 4, peak, "ramp", 0.5, 0.5, 4 * MiB)))
+        return Task(f"t{i}", steps, 30 * MiB)
+
+    tasks = [task(i) for i in range(6)]
+    scheme = sim_schemes.parse("execgate-sandboxadmit")[0]
+    for swap in (False, True):
+        mem = simmem.MemoryConfig(swap=swap, cache_fraction=0.5, swap_bandwidth_bps=64 * MiB)
+        settings = SimSettings(cost=fixed(0.5, 0.1, 0.2), memory=mem)
+        r = Simulation(scheme, tasks, [0.1 * i for i in range(6)], 160 * MiB, settings,
+                       bench_config({}, scheme, domain="/sim")).run()
+        _ended(r, 6)
+        d = r["daemon"]
+        assert r["metrics"]["oom_kills"] and d["reclaims"] and d["freezes"]
+    assert reads > 20

@@ -243,3 +243,27 @@ def test_config_rejects_nonsense() -> None:
                 {"default_baseline_bytes": -1}):
         with pytest.raises(ValueError):
             SandboxAdmissionConfig(**bad)
+
+
+def test_one_call_term_is_the_largest_next_peak_of_live_started_and_own() -> None:
+    """The one-call term is kept as a running max (one pass per step): each create's is the
+    largest of the live sandboxes', those started this step and its own, waiting ones not."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(50):
+        adm, clock = make()
+        boxes = [active(f"b{i}", rng.randrange(64) * MiB, rng.randrange(1, 900) * MiB)
+                 for i in range(rng.randrange(0, 6))]
+        reqs = [SandboxRequest(f"n{i}", "py", rng.choice([None, rng.randrange(1, 900) * MiB]))
+                for i in range(rng.randrange(1, 8))]
+        for r in reqs:
+            adm.submit(r)
+            clock.t += 1
+        peaks = [(b.next_call_peak_bytes, b.sandbox_id) for b in boxes]
+        for d in adm.step(snap(*boxes, budget=rng.randrange(1, 4) * GiB)):
+            own = next(r for r in reqs if r.sandbox_id == d.sandbox_id)
+            mine = own.call_peak_bytes if own.call_peak_bytes is not None else 256 * MiB
+            assert d.call_peak_bytes == max([*peaks, (mine, d.sandbox_id)])[0]
+            if d.start:
+                peaks.append((mine, d.sandbox_id))
