@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 # What the daemon's `admit` op takes (docs/protocol.md).
 ADMIT_KEYS = ("call", "container", "sandbox", "cgroup", "argv", "hint")
+# The argv an admit request carries, in characters: enough to classify any command, and far
+# below the daemon's 1 MiB request cap (an argv may be 2 MiB; the journal keeps it whole).
+ADMIT_ARGV_CHARS = 64 << 10
 # In the journal in this order; the optional ones only when known (not None).
 _ALWAYS = ("call", "container", "sandbox", "cgroup", "argv", "tty", "detach", "hint")
 _OPTIONAL = ("oom_score_adj", "hold_exit", "arrival", "managed", "waited_s", "forced",
@@ -56,8 +59,16 @@ class ToolCall:
         self.adopted: bool | None = None  # taken over from a previous daemon
 
     def admit_request(self) -> dict[str, Any]:
-        """The fields of the daemon's `admit` op."""
-        return {k: getattr(self, k) for k in ADMIT_KEYS}
+        """The fields of the daemon's `admit` op, argv cut to ADMIT_ARGV_CHARS."""
+        msg = {k: getattr(self, k) for k in ADMIT_KEYS}
+        argv, left = [], ADMIT_ARGV_CHARS
+        for arg in self.argv:
+            if left <= 0:
+                break
+            argv.append(arg[:left])
+            left -= len(arg)
+        msg["argv"] = argv
+        return msg
 
     def admitted(self, managed: bool, waited_s: float = 0.0, forced: bool = False) -> None:
         """The daemon's answer (or failing open: managed false)."""

@@ -560,3 +560,19 @@ def test_a_declaration_never_exceeds_the_domain_or_the_host(tmp_path: Path) -> N
     assert declared(box, "mem=512m") == 512 * MiB  # what fits stays as declared
     (domain / "memory.max").write_text("max\n")
     assert declared(box) == meminfo.read()["MemTotal"]
+
+
+def test_a_call_with_a_huge_argv_is_still_admitted(box: Box, daemon: FakeDaemon) -> None:
+    """The daemon takes requests of at most 1 MiB: the admit request carries the argv's first
+    64 KiB (enough to classify it), the journal all of it."""
+    script = "echo " + "x" * (256 << 10)
+    argv = box.argv(box.process_spec(["sh", "-c", script, *(["y" * 1000] * 1000)]))
+    proc = box.run(argv, status=0)
+    assert proc.returncode == 0, proc.stderr
+    from execgate.daemon.server import MAX_REQUEST
+
+    admit = daemon.requests[0]
+    assert len(msgpack.packb(admit)) < MAX_REQUEST  # what execgated would refuse
+    assert admit["argv"][:2] == ["sh", "-c"] and sum(map(len, admit["argv"])) <= 64 << 10
+    (entry,) = box.journal_entries()
+    assert entry["managed"] is True and entry["argv"][2] == script and len(entry["argv"]) == 1003
