@@ -32,6 +32,7 @@ from .cgfiles import KeptFiles
 from .domain import Domain, DomainSample
 from .events import EventBus
 from .growth_gate import GrowthGate
+from .idle_room import IdleRoom
 from .idle_sandboxes import Residency
 from .probe_monitor import ProbeMonitor
 from .sandboxes import Sandboxes
@@ -121,6 +122,7 @@ class Engine:
         domain = None if settings.daemon.domain == "host" else settings.daemon.domain
         self.sandboxes = Sandboxes(settings.sandboxes, self.residency, cfg.state_dir, domain,
                                    self.events, clock)
+        self.idle_room = IdleRoom(settings.headroom, self.residency, clock)  # for calls
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
         self.sampled_at = float("-inf")
@@ -305,7 +307,10 @@ class Engine:
 
     def _step(self) -> None:
         self.reading = self._assess()
-        for decision in self.admission.step(self.reading):
+        decisions = self.admission.step(self.reading, self.idle_room.offer(bool(self.pending)))
+        first = self.admission.first_in_line
+        self.idle_room.settle(self.admission.borrowed_bytes, first.deficit_bytes if first else 0)
+        for decision in decisions:
             msg, fut = self.pending.pop(decision.call_id, (None, None))
             if msg is None or fut is None:
                 continue
@@ -391,6 +396,7 @@ class Engine:
             "admission": self.admission.snapshot(),
             "growth": self.growth.snapshot(),
             "residency": self.residency.snapshot(),
+            "idle_room": self.idle_room.snapshot(),
             "sandbox_admission": self.sandboxes.snapshot(),
             "probes": self.probes.snapshot(),
             "history_calls": self.store.count(),

@@ -36,6 +36,7 @@ log = logging.getLogger("execgated")
 RESCAN_S = 2.0  # container records are re-read at most this often
 MAX_ACTIVITY = 4096  # containers whose last tool call is remembered
 ROOM_TTL_S = 5.0  # a make_room ask not renewed for this long lapses
+RATE_MIN_BYTES = 4 << 20  # reclaims of at least this much teach the swap-out bandwidth
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Residency:
         self.last_reclaim: dict[str, Any] | None = None
         self.room = 0  # bytes admission asked for (make_room) ...
         self.room_at = float("-inf")  # ... when
+        self.swap_out_rate: float | None = None  # bytes/s reclaims achieved (moving average)
 
     # -- admission's hook ----------------------------------------------------------------------
 
@@ -93,9 +95,19 @@ class Residency:
         on reclaim will not help). An ask lapses unless renewed within ROOM_TTL_S; 0 withdraws
         it. Cheap enough to call every period while something waits."""
         self.room, self.room_at = max(int(nbytes), 0), self.clock()
+        return self.pushable()
+
+    def pushable(self) -> int:
+        """What idle sandboxes could give back now (each `reclaimable_bytes`), without asking."""
         self._rescan()
         busy = set(self.busy())
         return sum(self.reclaimable_bytes(cid, busy) for cid in self.boxes)
+
+    def swap_out_bytes_per_s(self, configured: float) -> float:
+        """The configured swap-out bandwidth, or what reclaims here achieved if slower (an
+        emulated or loaded host compresses far below a hardware figure)."""
+        rate = self.swap_out_rate
+        return configured if rate is None else min(configured, rate)
 
     def room_wanted(self) -> int:
         if self.room and self.clock() - self.room_at > ROOM_TTL_S:
@@ -286,12 +298,17 @@ class Residency:
             error = os.strerror(e.errno) if e.errno else str(e)
         after = v2.read_int(box.cgroup, "memory.current") or 0
         got = max(before - after, 0)
+        took = time.monotonic() - t0
+        if got >= RATE_MIN_BYTES and took > 0:  # small reclaims say little about bandwidth
+            rate = got / took
+            old = self.swap_out_rate
+            self.swap_out_rate = rate if old is None else 0.7 * old + 0.3 * rate
         box.reclaimed_bytes += got
         self.stats["reclaims"] += 1
         self.stats["reclaimed_bytes"] += got
         # Published by the loop's next step: the event bus's queues belong to its thread.
         self.last_reclaim = {"container": box.cid, "asked": amount, "reclaimed": got,
-                             "seconds": round(time.monotonic() - t0, 3), "error": error,
+                             "seconds": round(took, 3), "error": error,
                              "published": False}
 
     # -- sandboxes -----------------------------------------------------------------------------
@@ -325,6 +342,7 @@ class Residency:
             **self.stats, "last_reclaim": self.last_reclaim and {
                 k: v for k, v in self.last_reclaim.items() if k != "published"},
             "room": self.room_wanted(),
+            "swap_out_bytes_per_s": self.swap_out_rate and round(self.swap_out_rate),
             "sandboxes": {b.cid: {"idle_s": round(now - b.last_active, 1), "frozen": b.frozen,
                                   "reclaimed_bytes": b.reclaimed_bytes, "ended": b.ended,
                                   "reclaimed": b.reclaimed}

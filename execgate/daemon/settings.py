@@ -1,6 +1,6 @@
 """The daemon's tunables: config.toml's [daemon], [pressure], [admission], [estimate], [growth],
-[inside], [residency] and [sandbox_admission] tables mapped onto the policy dataclasses, with
-sizes written the way hints write them ("512m").
+[inside], [residency], [sandbox_admission] and [headroom] tables mapped onto the policy
+dataclasses, with sizes written the way hints write them ("512m").
 
 A bad value never stops the daemon: it keeps the default and the error is logged. So does a
 deprecated key (DEPRECATED): it is read under its new name, with a warning, while the new one is
@@ -19,6 +19,7 @@ from execgate.common.hints import parse_size
 from execgate.policy.admission import AdmissionConfig
 from execgate.policy.estimate import EstimateConfig
 from execgate.policy.growth import GrowthConfig
+from execgate.policy.headroom import HeadroomConfig
 from execgate.policy.pressure import PressureConfig
 from execgate.policy.residency import ResidencyConfig
 from execgate.policy.sandbox_admission import SandboxAdmissionConfig
@@ -97,11 +98,14 @@ class Settings:
     inside: InsideConfig = InsideConfig()
     residency: ResidencyConfig = dataclasses.field(default_factory=ResidencyConfig)
     sandboxes: SandboxAdmissionConfig = dataclasses.field(default_factory=SandboxAdmissionConfig)
+    headroom: HeadroomConfig = dataclasses.field(default_factory=HeadroomConfig)
 
 
 def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
     if name.endswith("_bytes") and value is not None:
         return parse_size(value)
+    if name.endswith("_bytes_per_s") and isinstance(value, str):
+        return float(parse_size(value))  # "256m" a second
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ValueError("must be true or false")
@@ -240,6 +244,7 @@ def load(cfg: Config) -> tuple[Settings, list[str]]:
         residency=_residency(table("residency"), errors),
         sandboxes=from_table(SandboxAdmissionConfig, table("sandbox_admission"),
                              "sandbox_admission", errors),
+        headroom=from_table(HeadroomConfig, table("headroom"), "headroom", errors),
     )
     if settings.daemon.gate not in ("auto", "sched_ext", "freeze", "off"):
         errors.append(f"[daemon] gate: {settings.daemon.gate!r} is not auto, sched_ext, freeze "

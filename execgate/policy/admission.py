@@ -161,6 +161,7 @@ class Admission:
         self._last: PressureReading | None = None
         self._first: FirstInLine | None = None
         self.overheld = 0  # calls started by the max_queued_s cap
+        self.borrowed_bytes = 0  # of the last step's idle room, what its admissions count on
 
     # -- public API --------------------------------------------------------------------------
 
@@ -219,17 +220,33 @@ class Admission:
             return self._dequeue(call_id)
         return self.release(call_id)
 
-    def step(self, reading: PressureReading) -> list[Decision]:
-        """Admit every queued call that may run now, in admission order."""
+    def step(self, reading: PressureReading, idle_room: int = 0) -> list[Decision]:
+        """Admit every queued call that may run now, in admission order.
+
+        idle_room: bytes idle sandboxes can give back before a call admitted now peaks
+        (`headroom.in_time_bytes`); calls fit in the effective headroom plus it, and
+        `borrowed_bytes` then says how much of it this step's admissions count on, for the
+        daemon to have reclaimed (issue 15 §3)."""
         now = self.clock()
         self._last = reading
         self._accrue(now, reading.budget)
         decisions: list[Decision] = []
         window = self._window(reading)
+        start = reading.effective_headroom + max(idle_room, 0)
+        try:
+            headroom_left = self._step(now, reading, window, start, decisions)
+        finally:
+            used = start - headroom_left if decisions else 0
+            self.borrowed_bytes = min(max(used - reading.effective_headroom, 0),
+                                      max(idle_room, 0))
+        return decisions
 
-        headroom_left, blocked = self._overdue(now, reading, window, decisions)
+    def _step(self, now: float, reading: PressureReading, window: int, start: int,
+              decisions: list[Decision]) -> int:
+        """Overdue calls first, then the rest; returns the headroom left."""
+        headroom_left, blocked = self._overdue(now, reading, window, start, decisions)
         if blocked:
-            return decisions
+            return headroom_left
         logical = reading.logical_budget
         while True:
             admitted = None
@@ -256,7 +273,7 @@ class Admission:
             if admitted is None:
                 break
             decisions.append(admitted)
-        return decisions
+        return headroom_left
 
     @property
     def first_in_line(self) -> FirstInLine | None:
@@ -378,13 +395,14 @@ class Admission:
     def _max_wait(self) -> float:
         return self.config.max_admission_wait_s
 
-    def _overdue(self, now: float, reading: PressureReading, window: int,
+    def _overdue(self, now: float, reading: PressureReading, window: int, start: int,
                  decisions: list[Decision]) -> tuple[int, bool]:
         """Overdue calls, oldest first, under the no-force rule; appends their admissions.
-        Returns the effective headroom left and whether one of them holds the line (then
-        nothing else may be admitted this step)."""
+        start: the headroom to fit in (effective headroom plus idle room). Returns the
+        headroom left and whether one of them holds the line (then nothing else may be
+        admitted this step)."""
         self._first = None
-        headroom_left = reading.effective_headroom
+        headroom_left = start
         max_wait, cap = self._max_wait, self.config.max_queued_s
         overdue = [e for e in self._queued.values() if now - e.arrival >= max_wait]
         for entry in sorted(overdue, key=lambda e: (e.arrival, e.seq)):

@@ -37,8 +37,10 @@ from execgate.policy.pressure import fmt_bytes
 
 @dataclass(frozen=True)
 class HeadroomConfig:
-    """How fast idle memory can be pushed out ([headroom] in config.toml, when wired)."""
+    """How fast idle memory can be pushed out ([headroom] in config.toml)."""
 
+    # Call admission counts what idle sandboxes can give back in time (false: free memory only).
+    count_idle: bool = True
     # Bytes/s memory.reclaim can push into swap across the domain. 256 MiB/s is a conservative
     # figure for zram with zstd on one core (page cache goes faster, disk swap much slower).
     swap_out_bytes_per_s: float = 256 << 20  # 256 MiB/s (1 << 20 = 1 MiB)
@@ -98,6 +100,13 @@ class Headroom:
         return self.free_bytes + self.in_time_bytes
 
 
+def in_time_bytes(reclaimable_bytes: int, bytes_per_s: float, time_to_peak_s: float) -> int:
+    """The part of what idle sandboxes can give back that swap-out moves before a call started
+    now reaches its peak: min(reclaimable, bandwidth · time to peak)."""
+    movable = int(max(bytes_per_s, 0.0) * max(time_to_peak_s, 0.0))
+    return min(max(reclaimable_bytes, 0), movable)
+
+
 def headroom_with_idle(
     free_bytes: int,
     sandboxes: Iterable[LiveSandbox],
@@ -111,8 +120,7 @@ def headroom_with_idle(
     t = cfg.default_time_to_peak_s if time_to_peak_s is None else max(time_to_peak_s, 0.0)
     free = max(free_bytes, 0)
     reclaimable = sum(s.pushable_bytes for s in sandboxes)
-    movable = int(cfg.swap_out_bytes_per_s * t)
-    in_time = min(reclaimable, movable)
+    in_time = in_time_bytes(reclaimable, cfg.swap_out_bytes_per_s, t)
     reason = f"headroom {fmt_bytes(free + in_time)}: free {fmt_bytes(free)}"
     if in_time < reclaimable:
         reason += (

@@ -588,3 +588,35 @@ def test_deterministic_given_the_clock() -> None:
         return out
 
     assert run() == run()
+
+
+def test_idle_room_admits_what_free_memory_alone_would_not_and_says_what_it_borrowed() -> None:
+    """Issue 15 §3: headroom counts what idle sandboxes can give back in time; the admissions
+    that count on it say how much (the daemon then has it reclaimed)."""
+    h = Harness()
+    h.submit("r", peak=100 * MiB, sandbox="R")
+    assert h.ids(reading(GREEN, eff=400 * MiB)) == ["r"]  # so the next does not run alone
+    h.submit("a", peak=300 * MiB, sandbox="A")
+    assert h.ids(reading(GREEN, eff=200 * MiB)) == []  # free memory alone: it waits
+    assert h.adm.borrowed_bytes == 0
+    assert h.adm.step(reading(GREEN, eff=200 * MiB), idle_room=150 * MiB)[0].call_id == "a"
+    assert h.adm.borrowed_bytes == 100 * MiB  # 300 peak - 200 free
+    h.submit("b", peak=40 * MiB, sandbox="B")
+    assert h.adm.step(reading(GREEN, eff=100 * MiB), idle_room=500 * MiB)[0].call_id == "b"
+    assert h.adm.borrowed_bytes == 0  # it fitted in free memory
+    assert h.adm.step(reading(GREEN, eff=100 * MiB), idle_room=500 * MiB) == []
+    assert h.adm.borrowed_bytes == 0  # nothing admitted, nothing borrowed
+
+
+def test_an_overdue_call_counts_idle_room_under_the_no_force_rule() -> None:
+    h = Harness(AdmissionConfig(max_admission_wait_s=5.0, max_queued_s=1e9))
+    h.submit("run", peak=100 * MiB, sandbox="A")
+    assert h.ids(reading(GREEN, eff=400 * MiB)) == ["run"]
+    h.submit("big", peak=300 * MiB, sandbox="B")
+    h.clock.advance(10.0)
+    y = reading(YELLOW, eff=100 * MiB)
+    assert h.adm.step(y, idle_room=100 * MiB) == []
+    first = h.adm.first_in_line
+    assert first is not None and first.deficit_bytes == 100 * MiB  # 300 - (100 + 100)
+    [d] = h.adm.step(y, idle_room=200 * MiB)
+    assert d.call_id == "big" and d.forced and h.adm.borrowed_bytes == 200 * MiB

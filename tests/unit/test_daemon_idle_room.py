@@ -1,0 +1,80 @@
+"""Call admission counts what idle sandboxes can give back in time, and has it given back
+(daemon/idle_room.py; issue 15 §3), on a temp-dir cgroupfs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from test_daemon_sandboxes import Bed
+
+from execgate.common.units import MiB
+
+
+def _call(i: int, container: str, mem: int) -> dict:
+    return {"call": f"tool-{i}", "container": container, "sandbox": container,
+            "cgroup": f"/nope/tool-{i}", "argv": ["pytest"], "hint": {"memory_bytes": mem}}
+
+
+def test_a_call_is_admitted_on_an_idle_sandboxs_page_cache_which_is_then_reclaimed(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)  # 256 MiB, S 32 MiB
+        idle = bed.sandbox("idle", 120 * MiB, file=120 * MiB)  # domain: 128 MiB used
+        (idle / "memory.reclaim").write_text("")
+        eng = bed.engine
+        eng.tick()
+        first = eng.submit(_call(0, "a", 60 * MiB))[1]
+        assert first.done()  # 96 MiB of headroom
+        second = eng.submit(_call(1, "b", 60 * MiB))[1]
+        # 36 MiB left beside the first call's predicted growth; the idle sandbox can give
+        # 104 MiB (down to keep_bytes 16 MiB) within a second at the configured 256 MiB/s.
+        assert second.done(), eng.snapshot()["admission"]
+        snap = eng.snapshot()["idle_room"]
+        assert snap["borrowed_bytes"] == 24 * MiB and snap["admissions_on_idle"] == 1, snap
+        assert eng.residency.room_wanted() == 24 * MiB
+        eng.tick()  # residency acts on the ask: the longest idle sandbox is reclaimed
+        if eng.residency.worker is not None:
+            eng.residency.worker.join(timeout=5)
+        assert (idle / "memory.reclaim").read_text() == str(104 * MiB)
+
+    asyncio.run(scenario())
+
+
+def test_a_busy_sandbox_lends_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("busy", 120 * MiB, file=120 * MiB)
+        eng = bed.engine
+        eng.tick()
+        assert eng.submit(_call(0, "busy", 60 * MiB))[1].done()  # its sandbox is busy now
+        assert not eng.submit(_call(1, "b", 60 * MiB))[1].done()
+        assert eng.snapshot()["idle_room"]["borrowed_bytes"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_count_idle_off_counts_free_memory_only_and_a_slow_host_lends_less(
+        tmp_path: Path) -> None:
+    from execgate.policy.headroom import HeadroomConfig
+
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("idle", 120 * MiB, file=120 * MiB)
+        eng = bed.engine
+        eng.idle_room.cfg = HeadroomConfig(count_idle=False)
+        eng.tick()
+        assert eng.submit(_call(0, "a", 60 * MiB))[1].done()
+        assert not eng.submit(_call(1, "b", 60 * MiB))[1].done()
+        # On: a host whose reclaims moved 10 MiB/s lends 10 MiB within the 1 s to peak: short.
+        eng.idle_room.cfg = HeadroomConfig()
+        eng.residency.swap_out_rate = 10 * MiB
+        eng.tick()
+        assert eng.snapshot()["idle_room"]["offered_bytes"] == 10 * MiB
+        assert eng.admission.first_in_line is None and not eng.pending["tool-1"][1].done()
+        eng.residency.swap_out_rate = 1024 * MiB  # faster than configured: the config bounds
+        eng.tick()
+        assert eng.snapshot()["idle_room"]["offered_bytes"] == 104 * MiB
+        assert eng.pending.get("tool-1") is None
+
+    asyncio.run(scenario())
