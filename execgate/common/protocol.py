@@ -29,7 +29,12 @@ class ProtocolError(Exception):
 
 
 def encode(msg: dict[str, Any]) -> bytes:
-    body = msgpack.packb(msg, use_bin_type=True)
+    try:
+        body = msgpack.packb(msg, use_bin_type=True)
+    except UnicodeEncodeError:  # a lone surrogate (JSON an agent wrote): sent escaped
+        body = msgpack.packb(msg, use_bin_type=True, unicode_errors="backslashreplace")
+    except (ValueError, TypeError, OverflowError) as e:  # a 2**64, a set
+        raise ProtocolError(f"unencodable message: {e}") from e
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
     return _LEN.pack(len(body)) + body

@@ -1,8 +1,9 @@
 """Fuzz: process specs (`runc exec --process FILE`) as the exec handler reads them.
 
 Whatever JSON (or not JSON) the file holds, `oci/process.py` gives a well-typed spec or a
-ValueError, and the handler's use of it (the hint from its env) never raises: a spec the
-handler cannot read runs unmanaged-by-hint, never breaks the exec (issue 21, item 5).
+ValueError, and the handler's use of it (the hint from its env, the admit request) never
+raises: a spec the handler cannot read runs without a hint, never breaks the exec (issue 21,
+item 5).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import fuzzing
 
 from execgate.calls import hint as hint_mod
+from execgate.common import protocol
 from execgate.oci import process
 
 FIELDS = ("args", "env", "cwd", "terminal", "user", "capabilities", "consoleSize", "rlimits",
@@ -45,6 +47,9 @@ def _spec(r: random.Random) -> bytes:
                          for _ in range(r.randrange(4))]
         else:
             spec[key] = fuzzing.value(r)
+    if r.random() < 0.05:  # JSON may spell a lone surrogate, which no UTF-8 can carry
+        spec["args"] = [*(spec.get("args") if isinstance(spec.get("args"), list) else []),
+                        r.choice(("\ud800", "x\udfff"))]
     text = json.dumps(spec)
     if r.random() < 0.05:
         text = text[: r.randrange(len(text) + 1)]  # cut short
@@ -69,8 +74,10 @@ def test_any_process_spec_reads_as_a_spec_or_a_value_error(tmp_path: Path) -> No
         assert all(isinstance(a, str) for a in spec.args)
         assert all(isinstance(e, str) for e in spec.env)
         assert isinstance(spec.cwd, str) and isinstance(spec.terminal, bool)
-        raw = spec.getenv("AGENT_RESOURCE_HINT")
-        got = hint_mod.resolve(raw, str(cg), "box", str(tmp_path / "state"),
-                               lambda _why: None, None)
+        with fuzzing.reported(i, data):
+            raw = spec.getenv("AGENT_RESOURCE_HINT")
+            got = hint_mod.resolve(raw, str(cg), "box", str(tmp_path / "state"),
+                                   lambda _why: None, None)
+            protocol.encode(protocol.request("admit", argv=spec.args, hint=got))  # sendable
         assert got is None or isinstance(got, dict)
     assert read > fuzzing.N // 2 and refused > 0

@@ -103,3 +103,12 @@ def test_a_one_shot_call_is_bounded_as_a_whole(tmp_path: Path) -> None:
         protocol.call(path, protocol.request("admit"), timeout=0.2)
     assert time.monotonic() - t0 < 0.5
     thread.join(5)
+
+
+def test_a_lone_surrogate_goes_out_escaped_and_the_unencodable_is_a_protocol_error() -> None:
+    """A process spec's JSON may hold "\\ud800": an argv or a journal entry with it must still
+    reach the daemon and `execgatectl status` (issue 21, item 5)."""
+    frame = protocol.encode({"v": 1, "argv": ["ls", "x\ud800"]})
+    assert protocol.decode_body(frame[4:])["argv"] == ["ls", "x\\ud800"]
+    with pytest.raises(protocol.ProtocolError, match="unencodable"):
+        protocol.encode({"v": 1, "n": 2**64})

@@ -497,6 +497,7 @@ def test_what_is_not_ours_passes_through_untouched(tmp_path: Path, case: str) ->
     b'{"env": {"AGENT_RESOURCE_HINT": "mem=1g"}}', b'{"env": [1, null, ["x"]]}',
     b'{"cwd": [], "terminal": "yes"}', b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{",
     b'{"args": ["ls"], "env": ["AGENT_RESOURCE_HINT=mem=\\u0000"]}',
+    b'{"args": ["ls", "\\ud800"], "env": ["AGENT_RESOURCE_HINT=mem=1g\\udfff"]}',
 ])
 def test_a_malformed_process_spec_never_fails_the_exec(box: Box, daemon: FakeDaemon,
                                                        text: bytes) -> None:
