@@ -16,9 +16,10 @@ import math
 import os
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
-from execgate.cgroups import container
+from execgate.cgroups import container, v2
 from execgate.common import config as config_mod
 from execgate.common import hints, protocol, records
 
@@ -116,14 +117,51 @@ def _strings_error(op: str, msg: dict[str, Any], required: tuple[str, ...],
     return None
 
 
+def sandbox_of(cgroup: str, managed: Callable[[], dict[str, str]]) -> str | None:
+    """The managed container a process in `cgroup` runs in, or None. Inside one, a process is
+    in its `init/` or a `tool-*/` (cgroups/container.py's layout), which is how the records
+    (`managed()`: container cgroup -> id) need reading only for such a path, never for the
+    runtime, its watchers or execgatectl on the host."""
+    path = os.path.normpath(cgroup)
+    table: dict[str, str] | None = None
+    while path not in ("/", ""):
+        name = os.path.basename(path)
+        parent = os.path.dirname(path)
+        if name == container.INIT or name.startswith(container.TOOL_PREFIX):
+            table = managed() if table is None else table
+            if parent in table:
+                return table[parent]
+        path = parent
+    return None
+
+
 class Daemon:
     def __init__(self, cfg: config_mod.Config, engine: Engine) -> None:
         self.cfg = cfg
         self.engine = engine
+        self.index = records.ContainerIndex(cfg.state_dir)
         self.inside: InsideAgents | None = None  # set once it listens
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox}
+
+    def refuse_peer(self, pid: int, cgroup_of: Callable[[int], str] = v2.path_of_pid
+                    ) -> str | None:
+        """Why a root peer is refused: it runs inside a managed sandbox (one that shares
+        /run reaches the socket as uid 0), which must not admit, end or watch others' calls.
+        A peer whose cgroup cannot be read is served (the runtime must never be blocked)."""
+        try:
+            cg = cgroup_of(pid)
+        except (OSError, LookupError, ValueError):
+            return None
+
+        def managed() -> dict[str, str]:
+            return {os.path.normpath(r["cgroup"]): str(r.get("id"))
+                    for r in self.index.records()
+                    if r.get("managed") and isinstance(r.get("cgroup"), str)}
+
+        cid = sandbox_of(cg, managed)
+        return None if cid is None else f"the peer runs inside sandbox {hints.quote(cid)}"
 
     async def op_ping(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
         return protocol.reply(True, pid=os.getpid(), loop=self.engine.loop.snapshot())
@@ -259,7 +297,8 @@ async def run(cfg: config_mod.Config) -> None:
     log.info("domain %s; learned from %d past calls; adopted %d running calls; thawed %d "
              "idle sandboxes", engine.domain.describe(), learned, adopted, thawed)
     daemon = Daemon(cfg, engine)
-    server = Server(cfg.socket, daemon.handlers, allowed_uids={0})
+    server = Server(cfg.socket, daemon.handlers, allowed_uids={0},
+                    refuse_peer=daemon.refuse_peer)
     await server.start()
     log.info("listening on %s", cfg.socket)
     inside = InsideAgents(cfg, settings, engine)  # tools spawned by agents inside sandboxes

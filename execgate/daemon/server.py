@@ -44,19 +44,23 @@ class Conn:
 Handler = Callable[[dict[str, Any], Conn], Awaitable[dict[str, Any] | None]]
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the peer, as the kernel saw them at connect (SO_PEERCRED)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
 
 
 class Server:
     def __init__(self, path: str, handlers: dict[str, Handler], allowed_uids: set[int],
-                 frame_timeout_s: float = FRAME_TIMEOUT_S, max_request: int = MAX_REQUEST
-                 ) -> None:
+                 frame_timeout_s: float = FRAME_TIMEOUT_S, max_request: int = MAX_REQUEST,
+                 refuse_peer: Callable[[int], str | None] | None = None) -> None:
         self.path = path
         self.handlers = handlers
         self.allowed_uids = allowed_uids
+        # Why a peer (by pid) is refused though its uid is allowed, or None: root inside a
+        # sandbox that shares the socket must not speak for the host.
+        self.refuse_peer = refuse_peer
         self.frame_timeout_s = frame_timeout_s
         self.max_request = max_request
         self._server: asyncio.AbstractServer | None = None
@@ -87,9 +91,15 @@ class Server:
         sock = writer.get_extra_info("socket")
         conn = Conn(reader, writer)
         try:
-            uid = peer_uid(sock)
+            pid, uid = peer_cred(sock)
+            error = None
             if uid not in self.allowed_uids:
-                writer.write(protocol.encode(protocol.reply(False, error="permission denied")))
+                error = "permission denied"
+            elif self.refuse_peer is not None and (why := self.refuse_peer(pid)):
+                error = f"permission denied: {why}"
+            if error:
+                log.warning("peer pid %d uid %d refused: %s", pid, uid, error)
+                writer.write(protocol.encode(protocol.reply(False, error=error)))
                 await writer.drain()
                 return
             while True:

@@ -457,3 +457,54 @@ def test_an_admit_for_a_cgroup_the_daemon_does_not_manage_is_refused(
             assert await d.admission() == {"queued": [], "running": []}
 
     asyncio.run(scenario())
+
+
+def test_a_root_peer_inside_a_sandbox_is_refused(tmp_path: Path) -> None:
+    """A container that shares /run reaches the socket as uid 0: the daemon asks where the
+    peer runs (SO_PEERCRED's pid) and refuses it by name; the server goes on serving."""
+    async def scenario() -> None:
+        asked: list[int] = []
+
+        def refuse(pid: int) -> str | None:
+            asked.append(pid)
+            return "the peer runs inside sandbox 'box'" if len(asked) == 1 else None
+
+        async with bare_server(tmp_path, refuse_peer=refuse) as path:
+            peer = await Peer.connect(path)
+            answer = await peer.recv()
+            assert answer == {"v": 1, "ok": False,
+                              "error": "permission denied: the peer runs inside sandbox 'box'"}
+            assert await peer.at_eof()
+            await peer.close()
+            other = await Peer.connect(path)
+            assert (await other.ask({"v": 1, "op": "ping"}))["ok"] is True
+            await other.close()
+            assert asked == [os.getpid(), os.getpid()]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("where", "refused"), [
+    ("domain/box/init", "box"), ("domain/box/init/agent/sub", "box"),
+    ("domain/box/tool-0123456789ab", "box"), ("system.slice/containerd.service", None),
+    ("domain/box", None), ("domain/plain/init", None), ("init.scope", None), (None, None),
+])
+def test_where_a_peer_runs_decides_whether_it_is_refused(
+        tmp_path: Path, where: str | None, refused: str | None) -> None:
+    """Only a process in a managed container's init/ or tool-*/ is refused; a peer whose
+    cgroup cannot be read (gone, no cgroup v2) is served: the runtime is never blocked."""
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            records.save_container(d.engine.cfg.state_dir, {
+                "id": "plain", "managed": False, "cgroup": str(tmp_path / "domain" / "plain")})
+            dmn = Daemon(d.engine.cfg, d.engine)
+
+            def cgroup_of(pid: int) -> str:
+                if where is None:
+                    raise LookupError(f"pid {pid} has no cgroup v2 membership")
+                return str(tmp_path / where)
+
+            why = dmn.refuse_peer(1234, cgroup_of)
+            assert why == (None if refused is None else f"the peer runs inside sandbox '{refused}'")
+
+    asyncio.run(scenario())
