@@ -50,6 +50,8 @@ class LiveCall:
     admitted_at: float
     seen: bool = False  # its cgroup has existed at least once
     gone_since: float | None = None
+    empty_since: float | None = None  # its cgroup exists but holds no task (a leaked one)
+    events_at: float = float("-inf")  # when cgroup.events was last read
     mem_sum: int = 0
     mem_n: int = 0
     last_mem: int = 0
@@ -340,6 +342,26 @@ class Engine:
             call.mem_sum += mem
             call.mem_n += 1
             call.last_mem = mem
+            if self._leaked(call, now):
+                log.warning("call %s: %s is empty with no watcher left; released", cid,
+                            call.cgroup)
+                v2.remove(call.cgroup, attempts=1)  # best effort: the kernel may still be busy
+                self._finish(cid, None)
+
+    def _leaked(self, call: LiveCall, now: float) -> bool:
+        """Whether a call's cgroup has held no task for vanish_grace_s: its watcher died (or
+        never forked) and nothing will end it, so it would keep its charge forever. Read once
+        a second per call past the grace, not every period: the watcher's `done` is the rule,
+        this the exception."""
+        grace = self.settings.daemon.vanish_grace_s
+        if now - call.admitted_at <= grace or now - call.events_at < 1.0:
+            return False
+        call.events_at = now
+        if self.files.read_key(call.cgroup, "cgroup.events", "populated") != 0:
+            call.empty_since = None
+            return False
+        call.empty_since = call.empty_since or now
+        return now - call.empty_since > grace
 
     def _follow_journal(self) -> None:
         for entry in self.journal.read_new():

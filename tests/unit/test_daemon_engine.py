@@ -121,6 +121,31 @@ def test_vanished_call_is_released(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_an_empty_leaked_tool_cgroup_does_not_keep_its_charge(tmp_path: Path) -> None:
+    """Its watcher was killed (or its fork failed with EAGAIN): the cgroup stays, empty, and
+    no `done` or journal line will come. Released once it has held no task for the grace;
+    a populated one is kept however long it runs (issue 21, item 10)."""
+    async def scenario() -> None:
+        eng, clock, _ = _engine(tmp_path, budget=2048 * MiB, used=0)
+        eng.tick()
+        cgs = {}
+        for i, populated in ((1, 0), (2, 1)):
+            cg = tmp_path / "box" / f"tool-{i}"
+            cg.mkdir(parents=True)
+            (cg / "memory.current").write_text(f"{4 * MiB}\n")
+            (cg / "cgroup.events").write_text(f"populated {populated}\nfrozen 0\n")
+            cgs[i] = cg
+            _, fut = eng.submit({**_admit_msg(i, 100 * MiB), "cgroup": str(cg)})
+            assert fut.done()
+        for _ in range(60):
+            clock.t += 1.0
+            eng.tick()
+        assert [r["call_id"] for r in eng.admission.snapshot()["running"]] == ["tool-2"]
+        assert set(eng.calls) == {"tool-2"}
+
+    asyncio.run(scenario())
+
+
 def test_learning_survives_a_restart(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "h.sqlite"))
     for i in range(3):
