@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -93,9 +94,15 @@ def _cost(spec: str) -> tuple[CostModel, dict[str, CostModel]]:
     return costs["runc"], costs
 
 
+# What every scheme of a sweep shares (tasks, arrivals, budget, settings), set before the pool
+# starts: forked workers inherit it instead of unpickling 1,000 tasks per scheme.
+_SHARED: tuple[Any, ...] = ()
+
+
 def _one(job: tuple[Any, ...]) -> tuple[dict[str, Any], float]:
     """One scheme of a sweep (in a worker process): its result and its own wall time."""
-    scheme, tasks, arrivals, budget, settings, wait = job
+    scheme, wait, *load = job
+    tasks, arrivals, budget, settings = load or _SHARED
     t0 = time.perf_counter()
     cfg = bench_config({}, scheme, domain="/sim", admission_wait_s=wait) \
         if scheme.daemon or scheme.runtime == "execgate" else None
@@ -128,10 +135,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
              "peak mem | wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
              "---: | ---: |"]
     out: list[dict[str, Any]] = []
-    jobs = [(s, tasks, arrivals, budget, settings, args.admission_wait) for s in schemes]
+    global _SHARED
+    _SHARED = (tasks, arrivals, budget, settings)
+    jobs = [(s, args.admission_wait) for s in schemes]
     # Heaviest first, so the two workers finish together.
     jobs.sort(key=lambda j: not j[0].daemon)
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    if not fork:  # spawned workers import this module afresh: the shared load goes with them
+        _SHARED = ()
+        jobs = [(*j, tasks, arrivals, budget, settings) for j in jobs]
+    ctx = multiprocessing.get_context("fork" if fork else None)
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
         results = dict(zip([j[0].name for j in jobs], pool.map(_one, jobs), strict=True))
     for s in schemes:
         r, wall = results[s.name]

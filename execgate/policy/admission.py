@@ -160,6 +160,11 @@ class Admission:
         self._credit_at = 0.0
         self._last: PressureReading | None = None
         self._first: FirstInLine | None = None
+        # Whether the queue's order (submission) is also arrival order: true unless a call came
+        # with an earlier arrival than one before it. Then the overdue calls are its head and
+        # a step need not sort the whole queue to find them (1,000 sandboxes' calls).
+        self._fifo = True
+        self._last_arrival = float("-inf")
         self.overheld = 0  # calls started by the max_queued_s cap
         self.borrowed_bytes = 0  # of the last step's idle room, what its admissions count on
 
@@ -178,6 +183,8 @@ class Admission:
         entry = _Entry(call, demand, queue, arrival, self._seq)
         self._seq += 1
         self._queued[call.call_id] = entry
+        self._fifo = self._fifo and arrival >= self._last_arrival
+        self._last_arrival = max(self._last_arrival, arrival)
         self._active[call.sandbox] = self._active.get(call.sandbox, 0) + 1
         if queue == HEAVY_QUEUE and self._target is None:
             self._retarget(now)
@@ -404,8 +411,7 @@ class Admission:
         self._first = None
         headroom_left = start
         max_wait, cap = self._max_wait, self.config.max_queued_s
-        overdue = [e for e in self._queued.values() if now - e.arrival >= max_wait]
-        for entry in sorted(overdue, key=lambda e: (e.arrival, e.seq)):
+        for entry in self._oldest_overdue(now, max_wait):
             waited = now - entry.arrival
             peak = entry.demand.peak_bytes
             charge = logical_charge(entry.demand, self._admitted_bytes, window)
@@ -441,6 +447,17 @@ class Admission:
         use more, and one that claims to must not hold every other call out forever."""
         budget = self._last.budget if self._last is not None else 0
         return min(nbytes, budget) if budget > 0 else nbytes
+
+    def _oldest_overdue(self, now: float, max_wait: float) -> Iterator[_Entry]:
+        """Calls queued max_wait or longer, oldest first (arrival, then submission)."""
+        if not self._fifo:
+            overdue = [e for e in self._queued.values() if now - e.arrival >= max_wait]
+            yield from sorted(overdue, key=lambda e: (e.arrival, e.seq))
+            return
+        for e in list(self._queued.values()):  # the caller admits (removes) as it goes
+            if now - e.arrival < max_wait:
+                return  # arrival order: every later call came later still
+            yield e
 
     def _window(self, reading: PressureReading) -> int:
         w = self.config.window_bytes

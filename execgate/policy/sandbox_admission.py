@@ -366,6 +366,9 @@ class SandboxAdmission:
         A sandbox admitted but not settled counts at least its predicted baseline and peak,
         whether or not the snapshot shows it yet."""
         pinned = max(snap.other_bytes, 0) + sum(max(c, 0) for c in snap.running_call_bytes)
+        if not self._starting:  # every sandbox as the snapshot shows it
+            return (pinned + sum(box.pinned_bytes for box in snap.sandboxes),
+                    [(box.next_call_peak_bytes, box.sandbox_id) for box in snap.sandboxes])
         peaks: list[tuple[int, str]] = []
         seen: set[str] = set()
         for box in snap.sandboxes:

@@ -620,3 +620,38 @@ def test_an_overdue_call_counts_idle_room_under_the_no_force_rule() -> None:
     assert first is not None and first.deficit_bytes == 100 * MiB  # 300 - (100 + 100)
     [d] = h.adm.step(y, idle_room=200 * MiB)
     assert d.call_id == "big" and d.forced and h.adm.borrowed_bytes == 200 * MiB
+
+
+def test_overdue_calls_go_oldest_first_whether_or_not_they_came_in_order() -> None:
+    """The overdue head is found without sorting the queue while calls arrive in order; the same
+    random run with the queue treated as out of order (sorted every step) decides the same,
+    and calls submitted with earlier arrivals than their predecessors still go oldest first."""
+    import random
+
+    def run(fast: bool) -> list[tuple[str, float, bool]]:
+        rng = random.Random(3)
+        h = Harness(AdmissionConfig(max_admission_wait_s=5.0, max_queued_s=50.0))
+        out = []
+        for i in range(300):
+            h.clock.advance(rng.choice([0.0, 0.5, 1.0]))
+            if rng.random() < 0.5:
+                h.submit(f"c{i}", rng.randrange(1, 900) * MiB, sandbox=f"s{i % 7}")
+            if not fast:
+                h.adm._fifo = False
+            state = rng.choice([GREEN, YELLOW, RED, RED])
+            for d in h.step(reading(state, eff=rng.randrange(0, 1024) * MiB)):
+                out.append((d.call_id, d.admitted_at, d.forced))
+            for cid in list(h.adm._running):
+                if rng.random() < 0.2:
+                    h.adm.release(cid)
+        return out
+
+    fast = run(True)
+    assert fast == run(False)
+    assert sum(f for _, _, f in fast) > 10 and len(fast) > 100
+    h = Harness(AdmissionConfig(max_admission_wait_s=5.0))
+    h.submit("late", 900 * MiB, arrival=h.clock.t - 6)
+    h.submit("early", 900 * MiB, arrival=h.clock.t - 9)
+    assert not h.adm._fifo
+    first = h.step(reading(RED, eff=1000 * MiB))
+    assert [d.call_id for d in first] == ["early"] and first[0].forced
