@@ -216,3 +216,22 @@ def test_incremental_views_match_a_full_rebuild(monkeypatch) -> None:
         d = r["daemon"]
         assert r["metrics"]["oom_kills"] and d["reclaims"] and d["freezes"]
     assert reads > 20
+
+
+def test_sweep_smoke_every_scheme(tmp_path, capsys) -> None:
+    """`python3 -m bench.sim sweep` end to end on 12 of the generator's calibrated tasks: every
+    scheme runs (in the worker pool), the table and the JSON carry each, the daemon's schemes
+    with the policy's summary."""
+    import json
+
+    assert cli.main(["sweep", "--sandboxes", "12", "--budget", "8g", "--jobs", "2",
+                     "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "sweep-12.json").read_text())
+    names = [r["scheme"] for r in data["runs"]]
+    assert {"eager", "reserve", "agentcgroup", "execgate", "execgate-sandboxadmit"} <= set(names)
+    for r in data["runs"]:
+        assert r["metrics"]["tasks_total"] == 12 and f"| {r['scheme']} |" in out
+    daemon = {r["scheme"]: r["daemon"] for r in data["runs"]}
+    assert daemon["execgate"]["admitted"] > 0 and daemon["eager"] is None
+    assert "wall time:" in out
