@@ -101,11 +101,9 @@ _SHARED: tuple[Any, ...] = ()
 
 def _one(job: tuple[Any, ...]) -> tuple[dict[str, Any], float]:
     """One scheme of a sweep (in a worker process): its result and its own wall time."""
-    scheme, wait, *load = job
+    scheme, cfg, *load = job
     tasks, arrivals, budget, settings = load or _SHARED
     t0 = time.perf_counter()
-    cfg = bench_config({}, scheme, domain="/sim", admission_wait_s=wait) \
-        if scheme.daemon or scheme.runtime == "execgate" else None
     r = simulate(scheme, tasks, arrivals, budget, settings, cfg)
     return r, time.perf_counter() - t0
 
@@ -137,7 +135,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     global _SHARED
     _SHARED = (tasks, arrivals, budget, settings)
-    jobs = [(s, args.admission_wait) for s in schemes]
+    cfgs = {s.name: bench_config({}, s, domain="/sim", admission_wait_s=args.admission_wait)
+            if s.daemon or s.runtime == "execgate" else None for s in schemes}
+    first: dict[str, str] = {}  # run key -> the first scheme with it; the others share its run
+    same = {s.name: first.setdefault(sim_schemes.run_key(s, cfgs[s.name]), s.name)
+            for s in schemes}
+    jobs = [(s, cfgs[s.name]) for s in schemes if same[s.name] == s.name]
     # Heaviest first, so the two workers finish together.
     jobs.sort(key=lambda j: not j[0].daemon)
     fork = "fork" in multiprocessing.get_all_start_methods()
@@ -148,16 +151,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
         results = dict(zip([j[0].name for j in jobs], pool.map(_one, jobs), strict=True))
     for s in schemes:
-        r, wall = results[s.name]
+        r, wall = results[same[s.name]]
         m = r["metrics"]
-        out.append({"scheme": s.name, "wall_s": wall, "metrics": m, "daemon": r.get("daemon")})
+        out.append({"scheme": s.name, "wall_s": wall, "metrics": m, "daemon": r.get("daemon"),
+                    **({"same_as": same[s.name]} if same[s.name] != s.name else {})})
+        shown = f"{wall:.1f}" if same[s.name] == s.name else f"= {same[s.name]}"
         lines.append(f"| {s.name} | {m['tasks_completed']}/{m['tasks_total']} | {m['oom_kills']}"
                      f" | {m['init_oom_kills']} | {m['attempts']} | {m['makespan_s']:.0f} | "
                      f"{m['latency_arrival_p50_s']:.0f} | {m['latency_arrival_p95_s']:.0f} | "
-                     f"{m['mem_peak_util']:.0%} | {wall:.1f} |")
+                     f"{m['mem_peak_util']:.0%} | {shown} |")
         print(lines[-1] if len(out) > 1 else "\n".join(lines), flush=True)
     total = time.perf_counter() - t_start
-    lines += ["", f"wall time: {total:.1f} s for {len(schemes)} schemes"]
+    lines += ["", f"wall time: {total:.1f} s for {len(schemes)} schemes ({len(jobs)} distinct "
+              "runs: a scheme whose fields and config equal an earlier one's shares its run)"]
     print(lines[-1])
     _write(args.out, f"sweep-{n}.md", "\n".join(lines) + "\n")
     if args.out:

@@ -10,6 +10,7 @@ before it). `execgate-sandboxadmit` forces it on, for points whose recorded conf
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -54,3 +55,15 @@ def sandbox_admission(scheme: Scheme, cfg: Mapping[str, Any], mem_scale: float,
                        if f.name.endswith("_bytes") else getattr(base, f.name))
               for f in dataclasses.fields(base)}
     return sa.SandboxAdmission(sa.SandboxAdmissionConfig(**values), clock)
+
+
+def run_key(scheme: Scheme, cfg: Mapping[str, Any] | None) -> str:
+    """What a simulation of the scheme depends on: its fields but its names, the config, and
+    whether sandbox admission runs (on by default; SANDBOX_ADMIT's name forces it). The
+    simulation is deterministic, so schemes with one key have one result: a sweep runs it once
+    (execgate-sandboxadmit is execgate wherever the config leaves sandbox admission on)."""
+    fields = {f.name: getattr(scheme, f.name) for f in dataclasses.fields(scheme)
+              if f.name not in ("name", "family", "description")}
+    table = dict((cfg or {}).get("sandbox_admission") or {})
+    admits = scheme.name == SANDBOX_ADMIT.name or (scheme.daemon and table.get("enabled", True))
+    return json.dumps([fields, cfg, bool(admits)], sort_keys=True, default=str)

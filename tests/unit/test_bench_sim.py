@@ -234,4 +234,28 @@ def test_sweep_smoke_every_scheme(tmp_path, capsys) -> None:
         assert r["metrics"]["tasks_total"] == 12 and f"| {r['scheme']} |" in out
     daemon = {r["scheme"]: r["daemon"] for r in data["runs"]}
     assert daemon["execgate"]["admitted"] > 0 and daemon["eager"] is None
+    shared = {r["scheme"]: r.get("same_as") for r in data["runs"]}
+    assert shared["execgate-sandboxadmit"] == "execgate" and shared["execgate"] is None
     assert "wall time:" in out
+
+
+def test_schemes_with_one_run_key_have_one_result() -> None:
+    """A sweep runs a scheme whose fields and config equal an earlier one's once (run_key):
+    execgate-sandboxadmit is execgate while the config leaves sandbox admission on, and
+    simulated apart the two agree in everything but their names; turned off, they differ."""
+    from bench.sim import schemes as sim_schemes
+
+    eg, sa = sim_schemes.parse("execgate,execgate-sandboxadmit")
+    cfg = bench_config({}, eg, domain="/sim")
+    assert sim_schemes.run_key(eg, cfg) == sim_schemes.run_key(sa, bench_config({}, sa,
+                                                                                domain="/sim"))
+    off = {**cfg, "sandbox_admission": {"enabled": False}}
+    assert sim_schemes.run_key(eg, off) != sim_schemes.run_key(sa, off)
+    eager = SCHEMES["eager"]
+    assert sim_schemes.run_key(eager, None) != sim_schemes.run_key(static_scheme(2), None)
+
+    def result(scheme: object) -> dict:
+        r = Simulation(scheme, TASKS, ARRIVALS, 150 * MiB, SETTINGS, cfg).run()
+        return {k: v for k, v in r.items() if k not in ("scheme", "family")}
+
+    assert result(eg) == result(sa)
