@@ -15,7 +15,9 @@ SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class RuntimeNotFound(RuntimeError):
-    pass
+    def __init__(self, message: str, itself: bool = False) -> None:
+        super().__init__(message)
+        self.itself = itself  # a candidate was execgate itself (a loop, not a typo)
 
 
 def which(name: str, path: str | None = None) -> str | None:
@@ -66,7 +68,8 @@ def find(candidates: tuple[str, ...]) -> str:
             tried[-1] += " (is execgate itself)"
             continue
         return path
-    raise RuntimeNotFound("no OCI runtime found (tried " + ", ".join(tried) + ")")
+    raise RuntimeNotFound("no OCI runtime found (tried " + ", ".join(tried) + ")",
+                          itself=any(t.endswith(" (is execgate itself)") for t in tried))
 
 
 def child_env() -> dict[str, str]:

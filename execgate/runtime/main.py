@@ -43,12 +43,13 @@ def _handlers() -> dict[str, ModuleType]:
 
 def _runtime(cfg: config_mod.Config, log: RuncLog) -> str:
     """The real runtime: the configured one, else (a typo must not break every container
-    operation) the default candidates, with an error logged."""
+    operation) the default candidates, with an error logged. A configured runtime that is
+    execgate itself is refused, not worked around: that install is broken."""
     try:
         return runc.find(cfg.runtime)
     except runc.RuntimeNotFound as e:
         default = config_mod.Config.runtime
-        if cfg.runtime == default:
+        if cfg.runtime == default or e.itself:
             raise
         real = runc.find(default)
         log.error(f"configured runtime: {e}; using {real}")

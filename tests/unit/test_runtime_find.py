@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,12 +67,10 @@ def test_which_agrees_with_shutil(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert runc.which("rt") == str(b / "rt")
 
 
-@pytest.mark.parametrize("configured", ['"runcc"', '["/nope/runc"]', '"/bin"'])
-def test_a_runtime_not_found_falls_back_to_the_defaults_with_an_error(
-        tmp_path: Path, configured: str) -> None:
-    """A typo in `runtime` must not break every container operation (issue 21 §10)."""
-    import subprocess
-
+def _runtime_main(tmp_path: Path, configured: str) -> tuple[subprocess.CompletedProcess[str],
+                                                              Path]:
+    """runtime/main.py as the engine runs it (`state box`), with `runtime = configured` and a
+    fake runc first on PATH that echoes its argv; and its runc log."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _exe(bin_dir / "runc", '#!/bin/sh\necho "runc:$*"\n')
@@ -86,6 +85,21 @@ def test_a_runtime_not_found_falls_back_to_the_defaults_with_an_error(
     out = subprocess.run([sys.executable, "-c", code, "--log", str(log), "--log-format",
                           "json", "state", "box"], env=env, capture_output=True, text=True,
                          timeout=20)
+    return out, log
+
+
+@pytest.mark.parametrize("configured", ['"runcc"', '["/nope/runc"]', '"/bin"'])
+def test_a_runtime_not_found_falls_back_to_the_defaults_with_an_error(
+        tmp_path: Path, configured: str) -> None:
+    """A typo in `runtime` must not break every container operation (issue 21 §10)."""
+    out, log = _runtime_main(tmp_path, configured)
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"runc:--log {log} --log-format json state box\n"
     assert "configured runtime: no OCI runtime found" in log.read_text()
+
+
+def test_a_runtime_that_is_execgate_itself_is_refused_not_worked_around(tmp_path: Path) -> None:
+    other = _exe(tmp_path / "eg", "#!/opt/x/bin/python\nfrom execgate.runtime.main import main\n")
+    out, _log = _runtime_main(tmp_path, f'"{other}"')
+    assert out.returncode == 1 and out.stdout == ""
+    assert "no OCI runtime found" in out.stderr and "is execgate itself" in out.stderr
