@@ -41,6 +41,10 @@ from .store import JournalFollower, Store
 
 log = logging.getLogger("execgated")
 
+# A call's cgroup that never held a task is taken for leaked after this long (its exec failed
+# and its watcher with it); the watcher's journal line ends it long before, as a rule.
+NEVER_POPULATED_S = 120.0
+
 
 @dataclass
 class LiveCall:
@@ -52,6 +56,7 @@ class LiveCall:
     gone_since: float | None = None
     empty_since: float | None = None  # its cgroup exists but holds no task (a leaked one)
     events_at: float = float("-inf")  # when cgroup.events was last read
+    populated: bool = False  # a task was seen in its cgroup
     mem_sum: int = 0
     mem_n: int = 0
     last_mem: int = 0
@@ -123,7 +128,7 @@ class Engine:
         # Creates waiting for room (policy/sandbox_admission.py), and the domain's sandboxes.
         domain = None if settings.daemon.domain == "host" else settings.daemon.domain
         self.sandboxes = Sandboxes(settings.sandboxes, self.residency, cfg.state_dir, domain,
-                                   self.events, clock)
+                                   self.events, clock, settings.headroom.count_cold)
         self.idle_room = IdleRoom(settings.headroom, self.residency, clock)  # for calls
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
@@ -349,19 +354,22 @@ class Engine:
                 self._finish(cid, None)
 
     def _leaked(self, call: LiveCall, now: float) -> bool:
-        """Whether a call's cgroup has held no task for vanish_grace_s: its watcher died (or
-        never forked) and nothing will end it, so it would keep its charge forever. Read once
-        a second per call past the grace, not every period: the watcher's `done` is the rule,
-        this the exception."""
+        """Whether a call's cgroup has held no task for vanish_grace_s since it held one (for
+        NEVER_POPULATED_S if it never did: an exec may take seconds to land under load): its
+        watcher died (or never forked) and nothing will end it, so it would keep its charge
+        forever. Read once a second per call past the grace, not every period: the watcher's
+        `done` is the rule, this the exception."""
         grace = self.settings.daemon.vanish_grace_s
         if now - call.admitted_at <= grace or now - call.events_at < 1.0:
             return False
         call.events_at = now
         if self.files.read_key(call.cgroup, "cgroup.events", "populated") != 0:
-            call.empty_since = None
+            call.empty_since, call.populated = None, True
             return False
         call.empty_since = call.empty_since or now
-        return now - call.empty_since > grace
+        if call.populated:
+            return now - call.empty_since > grace
+        return now - call.admitted_at > max(NEVER_POPULATED_S, grace)
 
     def _follow_journal(self) -> None:
         for entry in self.journal.read_new():

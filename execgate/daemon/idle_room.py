@@ -1,7 +1,8 @@
 """Room idle sandboxes can give back, offered to call admission (issue 15 §3).
 
 While calls wait, admission fits them in the effective headroom plus what idle sandboxes can
-push out (`residency.pushable`: page cache, anonymous memory as far as swap has room) before a
+push out (`residency.pushable`: page cache, anonymous memory as far as swap has room; with
+`count_cold`, also the cold pages of active sandboxes, which the kernel swaps out itself) before a
 call started now reaches its peak (`headroom.in_time_bytes`: the bandwidth is the configured
 one, or what reclaims on this host achieved if slower). What the admitted calls count on, and
 the room the call first in line still lacks, is asked of residency (`make_room`), which
@@ -46,7 +47,7 @@ class IdleRoom:
             return 0
         now = self.clock()
         if now - self.measured_at >= PERIOD_S:
-            self.measured_at, self.pushable = now, self.residency.pushable()
+            self.measured_at, self.pushable = now, self.residency.pushable(self.cfg.count_cold)
         rate = self.residency.swap_out_bytes_per_s(self.cfg.swap_out_bytes_per_s)
         self.offered = in_time_bytes(self.pushable, rate, self.cfg.default_time_to_peak_s)
         return self.offered

@@ -97,11 +97,26 @@ class Residency:
         self.room, self.room_at = max(int(nbytes), 0), self.clock()
         return self.pushable()
 
-    def pushable(self) -> int:
-        """What idle sandboxes could give back now (each `reclaimable_bytes`), without asking."""
+    def pushable(self, cold: bool = False) -> int:
+        """What idle sandboxes could give back now (each `reclaimable_bytes`), without asking;
+        cold: and what the kernel can swap out of active ones (`cold_bytes`)."""
         self._rescan()
         busy = set(self.busy())
-        return sum(self.reclaimable_bytes(cid, busy) for cid in self.boxes)
+        return sum(self.cold_bytes(cid) if cid in busy else self.reclaimable_bytes(cid, busy)
+                   for cid in self.boxes if cold or cid not in busy)
+
+    def cold_bytes(self, cid: str) -> int:
+        """An active sandbox's cold pages: its init leaf's inactive LRU lists (anonymous as far
+        as swap has room), what the kernel swaps out first when a call beside them needs room.
+        Its running calls live in their own cgroups, so they are not counted."""
+        box = self.boxes.get(cid)
+        if box is None:
+            return 0
+        stat = v2.read_keyed(container.init_leaf(box.cgroup), "memory.stat")
+        if not stat:
+            return 0
+        return stat.get("inactive_file", 0) + min(stat.get("inactive_anon", 0),
+                                                  self._swap_room(box))
 
     def swap_out_bytes_per_s(self, configured: float) -> float:
         """The configured swap-out bandwidth, or what reclaims here achieved if slower (an

@@ -102,8 +102,9 @@ class Sandboxes:
 
     def __init__(self, cfg: SandboxAdmissionConfig, residency: Residency, state_dir: str,
                  domain: str | None, events: EventBus,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, count_cold: bool = True) -> None:
         self.cfg = cfg
+        self.count_cold = count_cold  # [headroom]: an active sandbox's cold pages are pushable
         self.residency = residency  # what idle sandboxes can give back, and make_room
         self.domain = domain  # a cgroup directory, or None for the host
         self.events = events
@@ -256,13 +257,15 @@ class Sandboxes:
             total += mem
             resident = max(mem - in_calls.get(box.cid, 0), 0)
             idle: float | None = None
-            reclaim = 0
+            reclaim = cold = 0
             held = res.boxes.get(box.cid) if pushes and box.cid not in busy else None
             if held is not None and held.busy is not True:  # not at work without a call
                 idle = max(now - max(activity.get(box.cid, box.created), box.created), 0.0)
                 reclaim = res.reclaimable_bytes(box.cid, busy)
+            elif self.count_cold:
+                cold = res.cold_bytes(box.cid)
             peak = queued.get(box.cid) or box.call_peak or self.cfg.default_call_peak_bytes
-            live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak))
+            live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak, cold))
         running = [max(int(c.extra.get("charge") or 0), c.last_mem) for c in calls.values()]
         return DomainSnapshot(reading.budget, reading.safety_margin, live, running,
                               max(used - total, 0))
@@ -316,7 +319,7 @@ class Sandboxes:
                     "other_bytes": last.other_bytes,
                     "sandboxes": {s.sandbox_id: {"resident": s.resident_bytes,
                                                  "reclaimable": s.reclaimable_bytes,
-                                                 "idle_s": s.idle_s,
+                                                 "cold": s.cold_bytes, "idle_s": s.idle_s,
                                                  "next_call_peak": s.next_call_peak_bytes}
                                   for s in last.sandboxes}}}
 

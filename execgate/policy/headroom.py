@@ -41,6 +41,8 @@ class HeadroomConfig:
 
     # Call admission counts what idle sandboxes can give back in time (false: free memory only).
     count_idle: bool = True
+    # Sandbox and call admission count an active sandbox's cold pages as pushable too (swap on).
+    count_cold: bool = True
     # Bytes/s memory.reclaim can push into swap across the domain. 256 MiB/s is a conservative
     # figure for zram with zstd on one core (page cache goes faster, disk swap much slower).
     swap_out_bytes_per_s: float = 256 << 20  # 256 MiB/s (1 << 20 = 1 MiB)
@@ -71,13 +73,16 @@ class LiveSandbox:
     reclaimable_bytes: int = 0
     idle_s: float | None = None
     next_call_peak_bytes: int = 0
+    # Of an active sandbox: its cold pages (its init leaf's inactive LRU lists, anonymous ones
+    # as far as swap has room), which the kernel itself swaps out under the limit while a call
+    # runs beside them: an agent's baseline is not what its tool call touches.
+    cold_bytes: int = 0
 
     @property
     def pushable_bytes(self) -> int:
-        """What can be pushed out: an idle sandbox's reclaimable bytes, 0 for an active one."""
-        if self.idle_s is None:
-            return 0
-        return min(max(self.reclaimable_bytes, 0), max(self.resident_bytes, 0))
+        """What can be pushed out: an idle sandbox's reclaimable bytes, an active one's cold."""
+        give = self.cold_bytes if self.idle_s is None else self.reclaimable_bytes
+        return min(max(give, 0), max(self.resident_bytes, 0))
 
     @property
     def pinned_bytes(self) -> int:

@@ -78,3 +78,25 @@ def test_count_idle_off_counts_free_memory_only_and_a_slow_host_lends_less(
         assert eng.pending.get("tool-1") is None
 
     asyncio.run(scenario())
+
+
+def test_an_active_sandboxs_cold_baseline_counts_for_calls(tmp_path: Path,
+                                                           monkeypatch: object) -> None:
+    from execgate.policy.headroom import HeadroomConfig
+
+    async def scenario() -> None:
+        bed = Bed(tmp_path)  # 256 MiB, S 32 MiB
+        busy = bed.sandbox("busy", 120 * MiB, file=0, anon=120 * MiB)
+        (busy / "init" / "memory.stat").write_text(f"inactive_anon {100 * MiB}\ninactive_file 0\n")
+        eng = bed.engine
+        monkeypatch.setattr(eng.residency, "_swap_room", lambda box: 1 << 30)  # type: ignore
+        eng.tick()
+        assert eng.submit(_call(0, "busy", 60 * MiB))[1].done()  # 96 MiB free
+        assert eng.residency.cold_bytes("busy") == 100 * MiB
+        # 36 MiB free beside it; the busy sandbox's cold 100 MiB is the kernel's to push out
+        assert eng.submit(_call(1, "b", 60 * MiB))[1].done()
+        eng.idle_room.cfg = HeadroomConfig(count_cold=False)
+        eng.idle_room.measured_at = float("-inf")
+        assert not eng.submit(_call(2, "c", 60 * MiB))[1].done()
+
+    asyncio.run(scenario())

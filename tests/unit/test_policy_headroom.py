@@ -105,3 +105,13 @@ def test_no_force_admission_loop_with_reclaim_credit() -> None:
 def test_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         HeadroomConfig(swap_out_bytes_per_s=-1)
+
+
+def test_an_active_sandbox_gives_its_cold_pages_only() -> None:
+    """Its call runs in its own cgroup; the baseline beside it is mostly cold, which the kernel
+    swaps out under the limit (issue 15: an agent's baseline is not what its call touches)."""
+    busy = LiveSandbox("busy", 200 * MiB, 150 * MiB, None, cold_bytes=120 * MiB)
+    assert (busy.pushable_bytes, busy.pinned_bytes) == (120 * MiB, 80 * MiB)
+    assert LiveSandbox("idle", 200 * MiB, 150 * MiB, 3.0, cold_bytes=10 * MiB).pushable_bytes \
+        == 150 * MiB  # idle: what memory.reclaim can take, not only the cold part
+    assert LiveSandbox("x", 50 * MiB, 0, None, cold_bytes=80 * MiB).pushable_bytes == 50 * MiB
