@@ -124,24 +124,42 @@ def test_vanished_call_is_released(tmp_path: Path) -> None:
 def test_an_empty_leaked_tool_cgroup_does_not_keep_its_charge(tmp_path: Path) -> None:
     """Its watcher was killed (or its fork failed with EAGAIN): the cgroup stays, empty, and
     no `done` or journal line will come. Released once it has held no task for the grace;
-    a populated one is kept however long it runs (issue 21, item 10)."""
+    one that never held a task only after NEVER_POPULATED_S (an exec may take seconds to land
+    under load: it must not lose its charge before it starts); a populated one is kept
+    however long it runs (issue 21, item 10)."""
+    from execgate.daemon.engine import NEVER_POPULATED_S
+
     async def scenario() -> None:
         eng, clock, _ = _engine(tmp_path, budget=2048 * MiB, used=0)
         eng.tick()
-        cgs = {}
-        for i, populated in ((1, 0), (2, 1)):
+        events = {}
+        for i in (1, 2, 3):
             cg = tmp_path / "box" / f"tool-{i}"
             cg.mkdir(parents=True)
             (cg / "memory.current").write_text(f"{4 * MiB}\n")
-            (cg / "cgroup.events").write_text(f"populated {populated}\nfrozen 0\n")
-            cgs[i] = cg
+            events[i] = cg / "cgroup.events"
+            events[i].write_text("populated 0\nfrozen 0\n")
             _, fut = eng.submit({**_admit_msg(i, 100 * MiB), "cgroup": str(cg)})
             assert fut.done()
-        for _ in range(60):
-            clock.t += 1.0
-            eng.tick()
-        assert [r["call_id"] for r in eng.admission.snapshot()["running"]] == ["tool-2"]
-        assert set(eng.calls) == {"tool-2"}
+
+        def running() -> list[str]:
+            return sorted(r["call_id"] for r in eng.admission.snapshot()["running"])
+
+        def tick(seconds: float) -> None:
+            for _ in range(int(seconds)):
+                clock.t += 1.0
+                eng.tick()
+
+        tick(10)  # tool-1 and tool-2 land late: not released while they wait to start
+        assert running() == ["tool-1", "tool-2", "tool-3"]
+        events[1].write_text("populated 1\nfrozen 0\n")
+        events[2].write_text("populated 1\nfrozen 0\n")
+        tick(3)
+        events[1].write_text("populated 0\nfrozen 0\n")  # ended; its watcher is gone
+        tick(5)
+        assert running() == ["tool-2", "tool-3"] and "tool-1" not in eng.calls
+        tick(NEVER_POPULATED_S)  # tool-3's exec never landed
+        assert running() == ["tool-2"] and set(eng.calls) == {"tool-2"}
 
     asyncio.run(scenario())
 
