@@ -289,21 +289,25 @@ class SandboxAdmission:
         # The largest (next-call peak, id) so far, kept as sandboxes start: one pass over the
         # live sandboxes per step, not one per queued create (1,000 sandboxes made it the cost).
         top = max(peaks) if peaks else None
-        fmt = functools.lru_cache(maxsize=None)(fmt_bytes)  # few sizes recur in reasons
+        fmt = functools.cache(fmt_bytes)  # few sizes recur in reasons
+
+        @functools.cache  # and creates behind one another share their terms
+        def terms_of(pinned: int, baseline: int, source: str, peak: int, peak_of: str) -> str:
+            return (f"pinned {fmt(pinned)} + baseline {fmt(baseline)} ({source}) + one call "
+                    f"{fmt(peak)} (next peak of {peak_of}) = {fmt(pinned + baseline + peak)}")
+
         empty = not snap.sandboxes and not self._starting
         room = snap.room_bytes
         decisions: list[SandboxDecision] = []
         ahead: str | None = None  # the oldest sandbox still waiting
+        within = f"budget - S {fmt(room)}"
         for entry in sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq)):
             sid, pred = entry.request.sandbox_id, entry.prediction
             mine = (pred.call_peak_bytes, sid)
             peak, peak_of = mine if top is None else max(top, mine)
             need = pinned + pred.baseline_bytes + peak
             waited = max(now - entry.arrival, 0.0)
-            terms = (f"pinned {fmt(pinned)} + baseline {fmt(pred.baseline_bytes)}"
-                     f" ({pred.source}) + one call {fmt(peak)} (next peak of {peak_of})"
-                     f" = {fmt(need)}")
-            within = f"budget - S {fmt(room)}"
+            terms = terms_of(pinned, pred.baseline_bytes, pred.source, peak, peak_of)
             if not cfg.enabled:
                 verdict, reason = Verdict.ADMITTED, "admitted: sandbox admission is off"
             elif ahead is None and empty:
