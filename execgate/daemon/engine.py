@@ -44,6 +44,9 @@ log = logging.getLogger("execgated")
 # A call's cgroup that never held a task is taken for leaked after this long (its exec failed
 # and its watcher with it); the watcher's journal line ends it long before, as a rule.
 NEVER_POPULATED_S = 120.0
+# ... and one empty since it held a task for this long: its watcher journals within a second,
+# seconds on a loaded emulated host, and removing the cgroup first loses the call's figures.
+EMPTIED_S = 30.0
 
 
 @dataclass
@@ -354,7 +357,7 @@ class Engine:
                 self._finish(cid, None)
 
     def _leaked(self, call: LiveCall, now: float) -> bool:
-        """Whether a call's cgroup has held no task for vanish_grace_s since it held one (for
+        """Whether a call's cgroup has held no task for EMPTIED_S since it held one (for
         NEVER_POPULATED_S if it never did: an exec may take seconds to land under load): its
         watcher died (or never forked) and nothing will end it, so it would keep its charge
         forever. Read once a second per call past the grace, not every period: the watcher's
@@ -368,7 +371,7 @@ class Engine:
             return False
         call.empty_since = call.empty_since or now
         if call.populated:
-            return now - call.empty_since > grace
+            return now - call.empty_since > max(EMPTIED_S, grace)
         return now - call.admitted_at > max(NEVER_POPULATED_S, grace)
 
     def _follow_journal(self) -> None:
