@@ -353,8 +353,7 @@ class Engine:
             if self._leaked(call, now):
                 log.warning("call %s: %s is empty with no watcher left; released", cid,
                             call.cgroup)
-                v2.remove(call.cgroup, attempts=1)  # best effort: the kernel may still be busy
-                self._finish(cid, None)
+                self._finish(cid, None)  # the cgroup stays the watcher's (or delete's) to remove
 
     def _leaked(self, call: LiveCall, now: float) -> bool:
         """Whether a call's cgroup has held no task for EMPTIED_S since it held one (for

@@ -6,6 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from execgate.common import protocol, records
 from execgate.common.config import Config
 from execgate.common.units import MiB
@@ -121,13 +123,18 @@ def test_vanished_call_is_released(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_an_empty_leaked_tool_cgroup_does_not_keep_its_charge(tmp_path: Path) -> None:
+def test_an_empty_leaked_tool_cgroup_does_not_keep_its_charge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its watcher was killed (or its fork failed with EAGAIN): the cgroup stays, empty, and
     no `done` or journal line will come. Released once it has held no task for EMPTIED_S;
     one that never held a task only after NEVER_POPULATED_S (an exec may take seconds to land
     under load: it must not lose its charge before it starts); a populated one is kept
     however long it runs (issue 21, item 10)."""
+    from execgate.cgroups import v2
     from execgate.daemon.engine import EMPTIED_S, NEVER_POPULATED_S
+
+    removed: list[str] = []
+    monkeypatch.setattr(v2, "remove", lambda cg, *a, **k: removed.append(cg) or True)
 
     async def scenario() -> None:
         eng, clock, _ = _engine(tmp_path, budget=2048 * MiB, used=0)
@@ -160,6 +167,7 @@ def test_an_empty_leaked_tool_cgroup_does_not_keep_its_charge(tmp_path: Path) ->
         assert running() == ["tool-1", "tool-2", "tool-3"]
         tick(EMPTIED_S)
         assert running() == ["tool-2", "tool-3"] and "tool-1" not in eng.calls
+        assert removed == []  # the cgroup stays: a late watcher still reads its figures
         tick(NEVER_POPULATED_S)  # tool-3's exec never landed
         assert running() == ["tool-2"] and set(eng.calls) == {"tool-2"}
 
