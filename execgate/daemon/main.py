@@ -230,21 +230,25 @@ class Daemon:
             ticket, fut = self.engine.submit_sandbox(msg)
         except ValueError as e:
             return protocol.reply(False, error=str(e))
-        await conn.send(protocol.reply(True, queued=True, **ticket))
-        hangup = asyncio.ensure_future(conn.closed())
+        hangup: asyncio.Future[None] | None = None
         try:
+            await conn.send(protocol.reply(True, queued=True, **ticket))
+            hangup = asyncio.ensure_future(conn.closed())
             await asyncio.wait({fut, hangup}, return_when=asyncio.FIRST_COMPLETED)
             if not fut.done():
-                self.engine.sandboxes.cancel(msg["sandbox"])
                 return None
             d = fut.result()
             await conn.send(protocol.reply(True, admitted=True, verdict=str(d.verdict),
                                            waited_s=d.waited_s, need=d.need_bytes,
                                            room=d.room_bytes, reason=d.reason))
             return None
+        except (ConnectionError, OSError):  # the create went away: nothing will start
+            return None
         finally:
-            hangup.cancel()
-            if not fut.done():
+            if hangup is not None:
+                hangup.cancel()
+            if not fut.done():  # whatever ended this conversation, the wait ends with it
+                self.engine.sandboxes.cancel(msg["sandbox"])
                 fut.cancel()
 
     async def op_done(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:

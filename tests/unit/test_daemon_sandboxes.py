@@ -190,6 +190,25 @@ def test_a_create_that_hangs_up_is_forgotten(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_create_gone_before_it_hears_queued_is_forgotten(tmp_path: Path) -> None:
+    """Its `queued` frame meets a broken pipe: the wait ends there, not at max_start_wait_s,
+    and no error traceback is logged for it (issue 21, item 6)."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("filler", 200 * MiB)
+        bed.engine.tick()
+
+        class Gone(FakeConn):
+            async def send(self, msg: dict[str, Any]) -> None:
+                raise BrokenPipeError("the runtime is gone")
+
+        msg = {"v": 1, "op": "start_sandbox", "sandbox": "new", "image": "cmd:sleep"}
+        assert await bed.daemon.op_start_sandbox(msg, Gone()) is None  # type: ignore[arg-type]
+        assert bed.waiting() == [] and bed.engine.sandboxes.stats["cancelled"] == 1
+
+    asyncio.run(scenario())
+
+
 def test_a_restarted_container_asks_again_and_is_admitted(tmp_path: Path) -> None:
     async def scenario() -> None:
         bed = Bed(tmp_path)
