@@ -3,7 +3,10 @@
     python3 -m bench.sim validate docs/replay/sweep/results.json.gz [--out DIR]
     python3 -m bench.sim sweep --sandboxes 1000 --budget 64g [--schemes ...] [--out DIR]
     python3 -m bench.sim fit docs/replay/sweep/results.json.gz     # the cost model only
+    python3 -m bench.sim replay [--cost C] [--swap-bandwidth-mib B] -- BENCH.REPLAY SWEEP ARGS
 
+`replay` simulates the points `python3 -m bench.replay sweep ARGS` would run in the VM (the same
+tasks, arrivals, budgets and swap; zram's size as memory.swap.max) before any VM run exists;
 `validate` reruns a VM results file's points in the simulator and prints VM vs sim per scheme
 and point; `sweep` runs the generator's calibrated tasks (unscaled: 185 MB baselines, bursts to
 4 GB, every call, real time) under every scheme on one budget and prints the wall time it took.
@@ -173,6 +176,64 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from bench import replay
+    from bench.sweep import build_points
+    from bench.sweep import workload_of as replay_workload
+    if args.replay_args[:1] == ["--"]:
+        args.replay_args = args.replay_args[1:]
+    rp = replay._parser()
+    rargs = rp.parse_args(["sweep", *args.replay_args])
+    replay._apply_workload(rp, rargs, ["sweep", *args.replay_args])
+    rargs.seed = int(rargs.seed) if str(rargs.seed).lstrip("-").isdigit() else rargs.seed
+    w = replay_workload(rargs)
+    points = build_points(rargs)
+    n = max(len(p.tasks) for p in points)
+    schemes = sim_schemes.parse(rargs.schemes, [int(k) for k in rargs.static_k.split(",")], n)
+    cost, by_rt = _cost(args.cost)
+    lines = [f"bench.replay sweep {' '.join(args.replay_args)}", f"cost {cost.source}; swap-out "
+             f"{args.swap_bandwidth_mib:g} MiB/s, ratio {rargs.fill_ratio:g}; tick {args.tick:g} s;"
+             f" {_policy_line()}", "",
+             "| point | scheme | done | OOM kills | init kills | makespan s | P50 s | daemon |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    print("\n".join(lines), flush=True)
+    out: list[dict[str, Any]] = []
+    for p in points:
+        mem = MemoryConfig(swap=p.swap, swap_ratio=max(rargs.fill_ratio, 1.0),
+                           swap_bandwidth_bps=args.swap_bandwidth_mib * MiB,
+                           swap_max_bytes=parse_size(rargs.zram_size) if p.swap else None)
+        settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
+                               retry_limit=RETRY_LIMIT, immediate_steps=True,
+                               sandbox_period_s=args.sandbox_period)
+        arrivals = p.describe(w.speed)["arrivals_wall_s"]
+        for s in schemes:
+            if s.swap_at(p.swap) is None:
+                continue
+            cfg = bench_config({}, s, domain="/sim", mem_scale=w.mem_scale,
+                               admission_wait_s=rargs.admission_wait,
+                               scale_daemon=not rargs.no_scale_daemon, swap=p.swap) \
+                if s.daemon or s.runtime == "execgate" else None
+            r = simulate(s, list(p.tasks), arrivals, p.budget, settings, cfg)
+            m, d = r["metrics"], r.get("daemon") or {}
+            brief = (f"admitted {d['admitted']} forced {d['forced']}, reclaims {d['reclaims']} "
+                     f"({d['reclaims_at_call_end']} at call end, {d['reclaims_on_room']} on room)"
+                     f", idle-room admissions {d.get('idle_room', {}).get('admissions_on_idle', 0)}"
+                     f", sandbox fail-open {d.get('sandbox_fail_open', '-')}, red "
+                     f"{d['states']['red']:.0f} s" if d else "")
+            lines.append(f"| {p.label} | {s.name} | {m['tasks_completed']}/{m['tasks_total']} | "
+                         f"{m['oom_kills']} | {m['init_oom_kills']} | {m['makespan_s']:.0f} | "
+                         f"{m['latency_arrival_p50_s']:.0f} | {brief} |")
+            print(lines[-1], flush=True)
+            out.append({"point": p.label, "scheme": s.name, "metrics": m, "daemon": d or None})
+    if args.out:
+        _write(args.out, f"{args.name}.md", "\n".join(lines) + "\n")
+        _write(args.out, f"{args.name}.json", json.dumps(
+            {"replay_args": args.replay_args, "cost": args.cost,
+             "swap_bandwidth_mib": args.swap_bandwidth_mib, "runs": out},
+            indent=1, default=str) + "\n")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python3 -m bench.sim",
                                  description=__doc__.split("\n\n")[0])
@@ -219,6 +280,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="schemes simulated in parallel (default: one per CPU)")
     s.add_argument("--out")
     s.set_defaults(func=cmd_sweep)
+    r = sub.add_parser("replay", help="the points a bench.replay sweep would run, simulated")
+    r.add_argument("--cost", default="hw", help="as sweep's (a results file: the VM's fit)")
+    r.add_argument("--swap-bandwidth-mib", type=float, default=256.0)
+    r.add_argument("--tick", type=float, default=0.1)
+    r.add_argument("--sandbox-period", type=float, default=0.1)
+    r.add_argument("--out")
+    r.add_argument("--name", default="replay", help="NAME.md and NAME.json in --out")
+    r.add_argument("replay_args", nargs=argparse.REMAINDER,
+                   help="after --: bench.replay sweep's arguments")
+    r.set_defaults(func=cmd_replay)
     return ap
 
 

@@ -11,13 +11,19 @@ wiring, kept as close to the daemon's as the simulation allows:
 * pressure: `available` = budget - memory.current of the slice; predicted growth from
   `Admission.predicted_growth` over the running calls' current bytes (engine._assess);
 * admission: `submit` on the exec's arrival, `step` right after it, after every release and every
-  period (engine._step); the estimator learns each finished call's peak and average
-  (engine._observe: an OOM-killed call with oom_killed=True);
+  period (engine._step), with the idle room (daemon/idle_room.IdleRoom itself, on
+  bench/sim/room.py's figures: idle sandboxes' reclaimable bytes, active ones' cold bytes when
+  [headroom] count_cold, discounted by the swap-out bandwidth); what its admissions borrowed and
+  the first in line's deficit are asked of residency (make_room); the estimator learns each
+  finished call's peak and average (engine._observe: an OOM-killed call with oom_killed=True);
 * growth gate: one `Sample` per running call per period, the state by `gate_state`, `GREEN`
   when the gate is off (growth_gate.GrowthGate.update); a denied call's memory stops growing;
   the last-resort victim is killed (cgroup.kill: the call fails with 137);
-* residency: `plan` with the sandboxes' idle times, `need` as the daemon computes it
-  (idle_sandboxes.Residency._need + the queued calls' demand); a reclaim pushes the sandbox's
+* residency: `plan` with the sandboxes' idle times, the action boundary (`ended`: a sandbox
+  whose call ended since the last residency period, idle at once), what memory.reclaim could
+  take (`reclaimable`), the room admission asked for, and `need` as the daemon computes it
+  (idle_sandboxes.Residency._need + the queued calls' demand); it runs while not green, while
+  something is frozen, or while room is asked; a reclaim pushes the sandbox's
   memory to swap at the modelled bandwidth (nothing without swap), freezing changes no bytes.
 
 Two small pieces of that wiring are re-stated here rather than imported, because in the daemon
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.sim.memory import Domain, SimBox, SimCall
+from bench.sim.room import SimResidency
 from bench.sim.views import BoxViews
 from execgate.common.config import Config
 from execgate.common.hints import parse_size
@@ -51,6 +58,17 @@ try:  # issue 15 §1; absent from older revisions (--policy-rev)
     from execgate.policy.headroom import LiveSandbox
 except ImportError:  # pragma: no cover - depends on the revision
     _sa = None  # type: ignore[assignment]
+try:  # issue 15 §3: the idle room offered to call admission
+    from execgate.daemon.idle_room import IdleRoom
+except ImportError:  # pragma: no cover - depends on the revision
+    IdleRoom = None  # type: ignore[assignment,misc]
+
+# What the revision's policy takes (--policy-rev runs older ones): the action boundary and
+# reclaimable bytes in residency's views, the room asked of plan, the idle room of a step.
+_VIEW_FIELDS = {f.name for f in dataclasses.fields(SandboxView)}
+_PLAN_ROOM = "room" in inspect.signature(plan).parameters
+_STEP_ROOM = "idle_room" in inspect.signature(Admission.step).parameters
+_LIVE_COLD = _sa is not None and "cold_bytes" in {f.name for f in dataclasses.fields(LiveSandbox)}
 
 
 def settings_from_config(cfg: Mapping[str, Any]) -> tuple[daemon_settings.Settings, list[str]]:
@@ -83,6 +101,10 @@ class HandStats:
     held_calls: set[str] = field(default_factory=set)
     last_resort_kills: int = 0
     reclaims: int = 0
+    reclaimed_bytes: int = 0  # asked of memory.reclaim
+    reclaims_at_call_end: int = 0  # of a sandbox idle for less than idle_after_s (`ended`)
+    reclaims_on_room: int = 0  # while admission asked for room (make_room)
+    sandbox_room_asks: int = 0  # creates admitted on pushable bytes that asked for them
     freezes: int = 0
     states: dict[str, float] = field(default_factory=lambda: {"green": 0.0, "yellow": 0.0,
                                                               "red": 0.0})
@@ -119,8 +141,8 @@ class ExecgateHands:
         self.next_residency = 0.0
         self.stats = HandStats()
         # Sandbox admission (policy/sandbox_admission.py), when the scheme has it: creates wait
-        # in the runtime until it says start. The daemon's own wiring of it is not written yet
-        # (issue 15); this is the simulator's, from the policy's docstring.
+        # in the runtime until it says start (daemon/sandboxes.py: active sandboxes' cold bytes
+        # when count_cold; a create admitted on pushable bytes asks residency for them).
         self.sandboxes = sandbox_admission
         self.box_waiting: dict[str, int | None] = {}  # queued creates: their first call's peak
         self.next_peak: dict[str, int] = {}  # live sandbox -> predicted peak of its queued call
@@ -132,6 +154,18 @@ class ExecgateHands:
         self._live_views = (BoxViews(domain, self._live_view) if sandbox_admission is not None
                             else None)
         self._residency_views = BoxViews(domain, self._residency_view)
+        # Residency's action boundary (idle_sandboxes.Box.active/ended): touched by a call's
+        # submit or end since the last residency period; idle since a call ended in it.
+        self.active: set[str] = set()
+        self.ended: set[str] = set()
+        self.waiting: set[str] = set()  # calls submitted, not yet admitted (engine.pending)
+        self.res = SimResidency(settings.residency, domain, clock, lambda: self._box_calls,
+                                self.reclaimed)
+        headroom = getattr(settings, "headroom", None)
+        self.count_cold = bool(headroom is not None and headroom.count_cold and _LIVE_COLD)
+        self.idle_room = (IdleRoom(headroom, self.res, clock)  # type: ignore[arg-type]
+                          if IdleRoom is not None and headroom is not None and _STEP_ROOM
+                          else None)
 
     def _mark(self, box_id: str) -> None:
         """What the views show of a sandbox changed here (a call queued or gone, frozen, ...)."""
@@ -143,15 +177,23 @@ class ExecgateHands:
         """Sandbox admission's view: idle (gives back what it can) unless a call waits or runs."""
         peak = self.next_peak.get(b.id)
         idle = peak is None and b.call is None
-        reclaimable = b.cache + (b.anon if self.domain.config.swap else 0)
-        return LiveSandbox(b.id, int(b.anon + b.cache), int(reclaimable),
-                           now - b.last_active if idle else None, peak or 0), idle
+        resident = int(b.anon + b.cache)
+        if not idle:
+            extra = (self.res.cold_bytes(b),) if self.count_cold else ()
+            return LiveSandbox(b.id, resident, 0, None, peak or 0, *extra), idle
+        return LiveSandbox(b.id, resident, self.res.reclaimable_bytes(b), now - b.last_active,
+                           peak or 0), idle
 
     def _residency_view(self, b: SimBox, now: float) -> tuple[SandboxView, bool]:
         """Residency's view: idle unless a call of it is submitted and not yet released."""
         idle = b.id not in self._box_calls
+        kw: dict[str, Any] = {}
+        if "ended" in _VIEW_FIELDS:
+            kw["ended"] = b.id in self.ended
+        if "reclaimable" in _VIEW_FIELDS:
+            kw["reclaimable"] = self.res.reclaimable_bytes(b) if idle else 0
         return SandboxView(b.id, now - b.last_active if idle else None, int(b.anon + b.cache),
-                           True, b.id in self.frozen, b.id in self.reclaimed), idle
+                           True, b.id in self.frozen, b.id in self.reclaimed, **kw), idle
 
     # -- sandbox creates -----------------------------------------------------------------------
 
@@ -172,9 +214,19 @@ class ExecgateHands:
                    for cid, c in self.running.items() if cid in self.calls]
         margin = self.reading.safety_margin if self.reading is not None else 0
         snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running)
+        pushes = self.residency.enabled and self.residency.reclaim
+        if pushes:  # the daemon renews the standing ask while a create waits
+            self.res.make_room(self.res.room_wanted())
+        pushable = sum(s.pushable_bytes for s in live)
         go = []
         for d in self.sandboxes.step(snap):
             if d.start:
+                # Admitted on what idle sandboxes can give back: have them give it
+                # (daemon/sandboxes.py step()).
+                deficit = d.need_bytes + pushable - d.room_bytes
+                if d.verdict is _sa.Verdict.ADMITTED and pushable and deficit > 0:
+                    self.res.make_room(max(self.res.room_wanted(), deficit))
+                    self.stats.sandbox_room_asks += 1
                 self.box_waiting.pop(d.sandbox_id, None)
                 self.sandbox_waits.append(d.waited_s)
                 self.sandbox_fail_open += d.verdict is _sa.Verdict.FAIL_OPEN
@@ -184,6 +236,10 @@ class ExecgateHands:
     def box_gone(self, box: SimBox) -> None:
         """The sandbox was removed: the policy learns its baseline (what it held outside calls
         at its largest: the init and retained bytes)."""
+        self.active.discard(box.id)
+        self.ended.discard(box.id)
+        self.frozen.discard(box.id)
+        self.reclaimed.discard(box.id)
         if self.sandboxes is None:
             return
         self.sandboxes.finished(box.id, "bench", box.baseline + box.retained,
@@ -196,8 +252,9 @@ class ExecgateHands:
                declared: int | None) -> list[Decision]:
         info = CallInfo(call_id, sandbox, argv, declared_bytes=declared)
         self.calls[call_id] = info
+        self.waiting.add(call_id)
         self._box_calls[sandbox] = self._box_calls.get(sandbox, 0) + 1
-        self._mark(sandbox)
+        self._touch(sandbox)
         ticket = self.admission.submit(info)
         if self.sandboxes is not None:
             self.sandboxes.settled(sandbox)  # its first call: it holds its baseline now
@@ -215,12 +272,13 @@ class ExecgateHands:
         info = self.calls.pop(call_id, None)
         self.running.pop(call_id, None)
         self.cpu.pop(call_id, None)
+        self.waiting.discard(call_id)
         if info is None:
             return []
         left = self._box_calls.pop(info.sandbox) - 1
         if left:
             self._box_calls[info.sandbox] = left
-        self._mark(info.sandbox)
+        self._touch(info.sandbox)
         if self.sandboxes is not None:
             self.next_peak.pop(info.sandbox, None)
             if call is not None:
@@ -243,10 +301,26 @@ class ExecgateHands:
                                predicted_growth=self.admission.predicted_growth(usage),
                                undeclared_growth=self.admission.predicted_growth(usage, True))
 
+    def _touch(self, box_id: str) -> None:
+        """A call starts or ends in the sandbox (idle_sandboxes.Residency.touch)."""
+        self.active.add(box_id)
+        self.ended.discard(box_id)
+        self.reclaimed.discard(box_id)  # a new idle period starts after it
+        self._mark(box_id)
+
     def step(self) -> list[Decision]:
+        """engine._step: admission with the idle room, then what it borrowed asked of
+        residency."""
         self.reading = self._assess()
-        decisions = self.admission.step(self.reading)
+        if self.idle_room is None:
+            decisions = self.admission.step(self.reading)
+        else:
+            decisions = self.admission.step(self.reading, self.idle_room.offer(bool(self.waiting)))
+            first = self.admission.first_in_line
+            self.idle_room.settle(self.admission.borrowed_bytes,
+                                  first.deficit_bytes if first else 0)
         for d in decisions:
+            self.waiting.discard(d.call_id)
             self.stats.admitted += 1
             self.stats.forced += d.forced
             self.stats.waits.append(d.waited_s)
@@ -290,20 +364,29 @@ class ExecgateHands:
             self.green_since = min(self.green_since, now)
         else:
             self.green_since = now
-        if now >= self.next_residency and (reading.state != Pressure.GREEN or self.frozen):
+        if now >= self.next_residency and (reading.state != Pressure.GREEN or self.frozen
+                                           or self.res.room_wanted()):
             self.next_residency = now + self.residency_period_s
             self._residency(reading, now)
         return decisions, kills
 
     def _residency(self, reading: PressureReading, now: float) -> None:
         cfg = self.residency
+        for bid in list(self.active):  # idle_sandboxes.Residency.step: the action boundary
+            if bid not in self._box_calls:
+                self.active.discard(bid)
+                if bid in self.domain.boxes:
+                    self.ended.add(bid)
+                    self._mark(bid)
         views = self._residency_views.read(now)
         reclaiming = bool(self.domain.reclaiming)
         p = self.settings.pressure
         yellow = int(reading.budget * (p.red_fraction + p.yellow_fraction))
         need = max(yellow - reading.effective_headroom, 0) if reading.state else 0
         need += self.admission.queued_bytes()
-        for a in plan(cfg, reading.state, now - self.green_since, need, views, reclaiming):
+        room = self.res.room_wanted()
+        kw = {"room": room} if _PLAN_ROOM else {}
+        for a in plan(cfg, reading.state, now - self.green_since, need, views, reclaiming, **kw):
             self._mark(a.cid)
             if a.kind == "freeze":
                 self.frozen.add(a.cid)
@@ -313,7 +396,14 @@ class ExecgateHands:
             elif a.kind == "reclaim":
                 self.domain.reclaim(a.cid, a.amount)
                 self.reclaimed.add(a.cid)
+                self.res.reclaimed_bytes(a.amount)
                 self.stats.reclaims += 1
+                self.stats.reclaimed_bytes += a.amount
+                box = self.domain.boxes.get(a.cid)
+                if (a.cid in self.ended and box is not None
+                        and now - box.last_active < cfg.idle_after_s):
+                    self.stats.reclaims_at_call_end += 1
+                self.stats.reclaims_on_room += room > 0
 
     def summary(self) -> dict[str, Any]:
         s = dataclasses.asdict(self.stats)
@@ -323,6 +413,9 @@ class ExecgateHands:
             s["sandbox_wait_mean_s"] = sum(w) / len(w) if w else 0.0
             s["sandbox_fail_open"] = self.sandbox_fail_open
         s["held_calls"] = len(self.stats.held_calls)
+        if self.idle_room is not None:
+            s["idle_room"] = dict(self.idle_room.stats)
+        s["room_asks"] = self.res.asks
         waits = s.pop("waits")
         s["admission_wait_max_s"] = max(waits, default=0.0)
         s["admission_wait_mean_s"] = sum(waits) / len(waits) if waits else 0.0

@@ -1,0 +1,97 @@
+"""What idle sandboxes can give back, and admission's asks for it: the daemon's Residency as
+call admission (`daemon/idle_room.IdleRoom`, used here as it is) and sandbox admission see it.
+
+The daemon's `idle_sandboxes.Residency` reads memory.stat and the swap files for these figures;
+this is the same interface (`cfg`, `pushable`, `cold_bytes`, `reclaimable_bytes`,
+`swap_out_bytes_per_s`, `make_room`, `room_wanted`) on the simulator's memory model:
+
+* reclaimable (an idle sandbox): page cache, and its anonymous memory (baseline + retained
+  shmem, resident) as far as swap has room, down to keep_bytes; 0 while a call runs or waits in
+  it or once reclaimed in this idle period (`Residency.reclaimable_bytes`, `_swap_room`);
+* cold (an active sandbox): its init leaf's inactive anonymous pages within swap room. The
+  bench's agent is memload's init, which allocates its baseline at start and never touches it
+  again, and retained shmem is touched by no one; a call's own bytes live in the call's cgroup.
+  So the simulator counts an active sandbox's whole resident anonymous memory as cold (a real
+  agent framework would keep part of it hot: this is the optimistic end);
+* the swap-out bandwidth: the configured one until a reclaim of at least 4 MiB has run, then
+  the lower of it and what reclaims achieve here (the memory model's bandwidth), as the daemon
+  learns it from its reclaims.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection
+
+from bench.sim.memory import Domain, SimBox
+from execgate.policy.residency import ResidencyConfig
+
+ROOM_TTL_S = 5.0  # as daemon/idle_sandboxes.py: an ask not renewed for this long lapses
+RATE_MIN_BYTES = 4 << 20  # reclaims of at least this much teach the bandwidth
+
+
+class SimResidency:
+    def __init__(self, cfg: ResidencyConfig, domain: Domain, clock: Callable[[], float],
+                 busy: Callable[[], Collection[str]], reclaimed: Collection[str]) -> None:
+        self.cfg = cfg
+        self.domain = domain
+        self.clock = clock
+        self.busy = busy  # sandboxes with a call running or waiting (the hands' own)
+        self.reclaimed = reclaimed  # reclaimed in their current idle period (the hands')
+        self.room = 0
+        self.room_at = -math.inf
+        self.swap_out_rate: float | None = None
+        self.last_pushable = 0
+        self.asks = 0  # make_room calls with a positive ask
+
+    def swap_room(self) -> float:
+        mem = self.domain.config
+        if not mem.swap:
+            return 0.0
+        if mem.swap_max_bytes is None:
+            return math.inf
+        return max(mem.swap_max_bytes - self.domain.swap_used(), 0)
+
+    def reclaimable_bytes(self, b: SimBox, busy: Collection[str] | None = None,
+                          room: float | None = None) -> int:
+        if b.id in self.reclaimed or b.id in (self.busy() if busy is None else busy):
+            return 0
+        anon = min(b.anon, self.swap_room() if room is None else room)
+        return int(max(min(b.cache + anon, b.anon + b.cache - self.cfg.keep_bytes), 0))
+
+    def cold_bytes(self, b: SimBox, room: float | None = None) -> int:
+        return int(min(b.anon, self.swap_room() if room is None else room))
+
+    def pushable(self, cold: bool = False) -> int:
+        busy = self.busy()
+        room = self.swap_room()
+        total = 0
+        for b in self.domain.boxes.values():
+            if b.id in busy:
+                total += self.cold_bytes(b, room) if cold else 0
+            else:
+                total += self.reclaimable_bytes(b, busy, room)
+        self.last_pushable = total
+        return total
+
+    def swap_out_bytes_per_s(self, configured: float) -> float:
+        rate = self.swap_out_rate
+        return configured if rate is None else min(configured, rate)
+
+    def reclaimed_bytes(self, nbytes: int) -> None:
+        """A reclaim of nbytes was asked: the bandwidth it runs at is learned."""
+        if nbytes >= RATE_MIN_BYTES:
+            self.swap_out_rate = self.domain.config.swap_bandwidth_bps
+
+    def make_room(self, nbytes: int) -> int:
+        """As the daemon's: the ask holds for ROOM_TTL_S unless renewed. Returns the pushable
+        bytes last measured (the daemon measures them here; nothing in its callers uses it, and
+        measuring 1,000 sandboxes on every step is what the simulator cannot afford)."""
+        self.room, self.room_at = max(int(nbytes), 0), self.clock()
+        self.asks += self.room > 0
+        return self.last_pushable
+
+    def room_wanted(self) -> int:
+        if self.room and self.clock() - self.room_at > ROOM_TTL_S:
+            self.room = 0
+        return self.room

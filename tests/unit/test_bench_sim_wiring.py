@@ -1,0 +1,121 @@
+"""The simulator's hands follow the daemon's wiring (bench/sim/hands.py, room.py): a sandbox whose
+call just ended is idle at once (the action boundary) and reclaimed under yellow; a call that
+does not fit the free headroom is admitted on what idle sandboxes can give back (the idle room),
+and residency is asked for those bytes (make_room). Seconds in all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.schemes import EXECGATE, bench_config
+from bench.sim.hands import ExecgateHands, settings_from_config
+from bench.sim.memory import Domain, MemoryConfig, SimBox, SimCall
+from bench.trace import MemoryProfile
+from execgate.common.units import MiB
+from execgate.policy.pressure_state import Pressure
+
+BUDGET = 400 * MiB
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _hands(tables: dict[str, dict[str, Any]] | None = None,
+           budget: int = BUDGET) -> tuple[ExecgateHands, Domain, Clock]:
+    cfg = bench_config({}, EXECGATE, domain="/sim")
+    for name, values in (tables or {}).items():
+        cfg.setdefault(name, {}).update(values)
+    settings, _warnings = settings_from_config(cfg)
+    clock = Clock()
+    domain = Domain(budget, MemoryConfig(swap=True))
+    return ExecgateHands(settings, domain, clock), domain, clock
+
+
+def _box(domain: Domain, name: str, baseline_mib: int, clock: Clock) -> SimBox:
+    box = SimBox(name, baseline_mib * MiB, last_active=clock.t)
+    domain.add_box(box)
+    return box
+
+
+def _run_call(hands: ExecgateHands, domain: Domain, box: SimBox, cid: str, mib: float,
+              clock: Clock) -> SimCall:
+    hands.submit(cid, box.id, ["true"], None)
+    prof = MemoryProfile(int(mib * MiB), int(mib * MiB), "plateau", 0.0, 0.0, 0)
+    call = SimCall(cid, box, prof, 100.0, 0, started=clock.t, last=clock.t)
+    domain.start_call(call)
+    hands.started(call)
+    domain.advance(clock.t)
+    return call
+
+
+def _yellow_with_an_ended_sandbox(tables: dict[str, dict[str, Any]] | None = None
+                                  ) -> tuple[ExecgateHands, Domain]:
+    """A: a 120 MiB sandbox whose call has just ended; B: a call running beside it, which puts
+    the domain in yellow (not red: reclaim, no freeze)."""
+    hands, domain, clock = _hands(tables)
+    a, b = _box(domain, "A", 120, clock), _box(domain, "B", 20, clock)
+    call = _run_call(hands, domain, a, "A/1", 10, clock)
+    clock.t += 1.0
+    domain.end_call(call)
+    a.last_active = clock.t
+    hands.finished("A/1", call, False)
+    busy = _run_call(hands, domain, b, "B/1", 140, clock)
+    assert busy.level > 0
+    clock.t += 0.5
+    hands.tick(0.1)
+    assert hands.reading is not None and hands.reading.state == Pressure.YELLOW, hands.reading
+    return hands, domain
+
+
+def test_a_sandbox_idle_at_call_end_is_reclaimed_under_yellow() -> None:
+    hands, domain = _yellow_with_an_ended_sandbox()
+    assert "A" in domain.reclaiming and "B" not in domain.reclaiming
+    assert hands.stats.reclaims == 1 and hands.stats.reclaims_at_call_end == 1
+    assert hands.stats.reclaimed_bytes > 100 * MiB  # down to keep_bytes: page cache + swap room
+
+
+def test_without_the_action_boundary_it_waits_out_idle_after() -> None:
+    hands, domain = _yellow_with_an_ended_sandbox({"residency": {"reclaim_at_call_end": False}})
+    assert not domain.reclaiming and hands.stats.reclaims == 0
+
+
+def _idle_room_case(tables: dict[str, dict[str, Any]] | None = None
+                    ) -> tuple[ExecgateHands, Domain, Clock, list[Any]]:
+    """A 200 MiB sandbox idle since its call ended, a call running in C; a call in B declaring
+    250 MiB, more than the free headroom, less than it plus what A can push out in time."""
+    hands, domain, clock = _hands(tables)
+    a, b = _box(domain, "A", 200, clock), _box(domain, "B", 20, clock)
+    c = _box(domain, "C", 20, clock)
+    call = _run_call(hands, domain, a, "A/1", 5, clock)
+    clock.t += 1.0
+    domain.end_call(call)
+    a.last_active = clock.t
+    hands.finished("A/1", call, False)
+    _run_call(hands, domain, c, "C/1", 20, clock)  # not alone: no lone-call admission
+    clock.t += 2.0
+    got = hands.submit("B/1", b.id, ["python", "-c", "pass"], 250 * MiB)
+    reading = hands.reading
+    assert reading is not None and reading.effective_headroom < 250 * MiB
+    return hands, domain, clock, got
+
+
+def test_a_call_is_admitted_on_idle_room_and_residency_is_asked_for_it() -> None:
+    hands, domain, clock, got = _idle_room_case()
+    assert [d.call_id for d in got] == ["B/1"]
+    assert hands.idle_room is not None
+    assert hands.idle_room.stats["admissions_on_idle"] == 1
+    assert hands.idle_room.stats["borrowed_bytes"] > 0
+    assert hands.res.room_wanted() > 0  # make_room: residency acts on it, green or not
+    clock.t += 0.5
+    hands.tick(0.1)
+    assert "A" in domain.reclaiming and hands.stats.reclaims_on_room == 1
+
+
+def test_without_the_idle_room_the_call_waits() -> None:
+    hands, _domain, _clock, got = _idle_room_case({"headroom": {"count_idle": False}})
+    assert got == [] and "B/1" in hands.waiting
