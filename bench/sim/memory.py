@@ -14,6 +14,9 @@ What is modelled, and why each piece is there:
   1/ratio, pages move at `bandwidth_bps`): kernel reclaim at the limit pushes out the anonymous
   memory of the longest-idle sandboxes, and `memory.reclaim` (residency) pushes out one chosen
   sandbox; off by default, as in the VM sweep (`memory.swap.max = 0`);
+* **direct reclaim** (with swap): what the period's swap-out cannot cover is taken back from the
+  calls that grew in it (their allocations wait on reclaim; memload catches up later) while the
+  sandboxes have anonymous memory left to swap and swap has room, rather than killed;
 * **OOM at the limit**: when the charge would exceed memory.max and reclaim cannot cover it, the
   kernel kills the process of highest badness = resident + swapped bytes + oom_score_adj/1000 of
   the limit, and with memory.oom.group a tool call's cgroup dies whole. A sandbox's init is a
@@ -46,6 +49,10 @@ class MemoryConfig:
     swap_ratio: float = 3.0  # compression ratio of swapped anonymous memory
     swap_bandwidth_bps: float = 256 * MiB  # swap-out (and memory.reclaim) speed
     swap_max_bytes: int | None = None  # memory.swap.max; None = unlimited
+    # With swap: a charge over the limit that the period's swap-out cannot cover stalls the
+    # growing calls (direct reclaim: the allocator waits for its pages to leave) while swappable
+    # memory is left, instead of OOM-killing; False: the kill, as before.
+    direct_reclaim: bool = True
 
     def __post_init__(self) -> None:
         if self.swap_ratio < 1 or self.swap_bandwidth_bps <= 0:
@@ -67,6 +74,8 @@ class SimCall:
     held: bool = False
     level: float = 0.0  # bytes now
     peak: float = 0.0
+    before: float = 0.0  # bytes before the last advance (what a stall gives back to)
+    peak_before: float = 0.0
     area: float = 0.0  # byte-seconds, for the average the estimator learns
     last: float = 0.0
 
@@ -75,6 +84,7 @@ class SimCall:
                          self.duration_s)
 
     def advance(self, now: float) -> None:
+        self.before, self.peak_before = self.level, self.peak
         if not self.held:
             self.level = self.curve(now)
         self.area += self.level * max(now - self.last, 0.0)
@@ -131,6 +141,7 @@ class Domain:
     # the daemon's hands re-read (its views of 1,000 sandboxes, rebuilt only where they moved).
     watchers: list[set[str]] = field(default_factory=list)
     added: int = 0
+    stalled_bytes: float = 0.0  # growth held back by direct reclaim (MemoryConfig.direct_reclaim)
 
     def _touch(self, box_id: str) -> None:
         for w in self.watchers:
@@ -271,6 +282,8 @@ class Domain:
                 freed = self._swap_out(b, want)
                 budget -= want
                 over -= freed
+            if over > SLACK and self.config.direct_reclaim and self._swappable():
+                over -= self._stall(over)
         kills = []
         while over > SLACK:
             victim = self._victim()
@@ -287,6 +300,29 @@ class Domain:
                 self.end_call(call, leaves=False)
             over = self.usage() - self.budget
         return kills
+
+    def _swappable(self) -> bool:
+        cfg = self.config
+        if cfg.swap_max_bytes is not None and self.swap_used() >= cfg.swap_max_bytes:
+            return False
+        return any(b.anon > 0 for b in self.boxes.values())
+
+    def _stall(self, over: float) -> float:
+        """Direct reclaim: the calls that grew in this period give their growth back, up to
+        `over` (each in proportion), as if their allocations waited for swap-out; memload is
+        clock-paced, so a stalled call catches up once there is room. Returns the bytes."""
+        growth = [(c, c.level - c.before) for c in self.running.values()
+                  if not c.held and c.level > c.before]
+        total = sum(g for _, g in growth)
+        if total <= 0:
+            return 0.0
+        cut = min(over, total)
+        for c, g in growth:
+            c.level -= cut * g / total
+            c.peak = max(c.peak_before, c.level)
+        self.levels -= cut
+        self.stalled_bytes += cut
+        return cut
 
     def _victim(self) -> tuple[float, SimBox, str | None] | None:
         """The kernel's choice (oom_badness): resident + swapped, plus oom_score_adj per mille of

@@ -208,7 +208,8 @@ def test_incremental_views_match_a_full_rebuild(monkeypatch) -> None:
     tasks = [task(i) for i in range(6)]
     scheme = sim_schemes.parse("execgate-sandboxadmit")[0]
     for swap in (False, True):
-        mem = simmem.MemoryConfig(swap=swap, cache_fraction=0.5, swap_bandwidth_bps=64 * MiB)
+        mem = simmem.MemoryConfig(swap=swap, cache_fraction=0.5, swap_bandwidth_bps=64 * MiB,
+                                  direct_reclaim=False)  # kills at the limit: the OOM paths
         settings = SimSettings(cost=fixed(0.5, 0.1, 0.2), memory=mem)
         r = Simulation(scheme, tasks, [0.1 * i for i in range(6)], 160 * MiB, settings,
                        bench_config({}, scheme, domain="/sim")).run()

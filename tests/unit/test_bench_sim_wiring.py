@@ -119,3 +119,26 @@ def test_a_call_is_admitted_on_idle_room_and_residency_is_asked_for_it() -> None
 def test_without_the_idle_room_the_call_waits() -> None:
     hands, _domain, _clock, got = _idle_room_case({"headroom": {"count_idle": False}})
     assert got == [] and "B/1" in hands.waiting
+
+
+def test_direct_reclaim_stalls_a_growing_call_instead_of_killing() -> None:
+    """A call growing past the limit faster than swap-out frees its neighbour's idle baseline
+    waits for reclaim (the kernel's direct reclaim), where it was OOM-killed before."""
+    for direct, killed in ((True, False), (False, True)):
+        domain = Domain(100 * MiB, MemoryConfig(swap=True, swap_bandwidth_bps=1 * MiB,
+                                                direct_reclaim=direct))
+        idle = SimBox("idle", 60 * MiB)
+        busy = SimBox("busy", 10 * MiB)
+        domain.add_box(idle)
+        domain.add_box(busy)
+        prof = MemoryProfile(50 * MiB, 50 * MiB, "plateau", 0.0, 0.0, 0)
+        call = SimCall("busy/1", busy, prof, 10.0, 0, started=0.0, last=0.0)
+        domain.start_call(call)
+        kills = []
+        for k in range(1, 6):
+            domain.advance(0.1 * k)
+            kills += domain.enforce(0.1 * k, 0.1)
+        assert bool(kills) is killed, kills
+        assert domain.usage() <= domain.budget + 1
+        if direct:
+            assert domain.stalled_bytes > 0 and call.level < 50 * MiB and idle.swapped > 0
