@@ -16,7 +16,9 @@ What is modelled, and why each piece is there:
   sandbox; off by default, as in the VM sweep (`memory.swap.max = 0`);
 * **direct reclaim** (with swap): what the period's swap-out cannot cover is taken back from the
   calls that grew in it (their allocations wait on reclaim; memload catches up later) while the
-  sandboxes have anonymous memory left to swap and swap has room, rather than killed;
+  sandboxes have anonymous memory left to swap and swap has room, rather than killed; what
+  remains (a baseline arriving) is swapped out of the coldest sandboxes beyond the bandwidth,
+  its wait not timed (a real create would start that much later);
 * **OOM at the limit**: when the charge would exceed memory.max and reclaim cannot cover it, the
   kernel kills the process of highest badness = resident + swapped bytes + oom_score_adj/1000 of
   the limit, and with memory.oom.group a tool call's cgroup dies whole. A sandbox's init is a
@@ -284,6 +286,13 @@ class Domain:
                 over -= freed
             if over > SLACK and self.config.direct_reclaim and self._swappable():
                 over -= self._stall(over)
+                # The rest (a sandbox's baseline arriving, shmem): its allocator waits while
+                # the coldest sandboxes' pages leave, beyond the period's bandwidth (untimed).
+                for b in sorted(self.boxes.values(),
+                                key=lambda b: (b.call is not None, b.last_active)):
+                    if over <= SLACK:
+                        break
+                    over -= self._swap_out(b, math.ceil(over / (1 - 1 / self.config.swap_ratio)))
         kills = []
         while over > SLACK:
             victim = self._victim()
