@@ -121,7 +121,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     schemes = sim_schemes.parse(args.schemes, ks, n)
     cost, by_rt = _cost(args.cost)
     mem = MemoryConfig(swap=args.swap, swap_ratio=args.swap_ratio,
-                       swap_bandwidth_bps=args.swap_bandwidth_mib * MiB)
+                       swap_bandwidth_bps=args.swap_bandwidth_mib * MiB, zram=args.zram)
     settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
                            retry_limit=RETRY_LIMIT, immediate_steps=args.immediate,
                            sandbox_period_s=args.sandbox_period)
@@ -129,7 +129,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     lines = [f"{n} sandboxes (generator seed {args.seed}, calibrated, unscaled), budget "
              f"{budget / (1 << 30):.1f} GiB, oversubscription {over:.2f}x, arrivals "
              f"{args.arrival} mean gap {args.mean_gap:g} s; cost {cost.source}; swap "
-             f"{'on' if args.swap else 'off'}; tick {args.tick:g} s, sandbox admission every "
+             f"{('on (zram)' if args.zram else 'on (zswap)') if args.swap else 'off'}; tick "
+             f"{args.tick:g} s, sandbox admission every "
              f"{args.sandbox_period:g} s, admission steps "
              f"{'on every submit/release' if args.immediate else 'once per tick'}", "",
              "| scheme | done | OOM kills | init kills | attempts | makespan s | P50 s | P95 s | "
@@ -201,7 +202,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for p in points:
         mem = MemoryConfig(swap=p.swap, swap_ratio=max(rargs.fill_ratio, 1.0),
                            swap_bandwidth_bps=args.swap_bandwidth_mib * MiB,
-                           swap_max_bytes=parse_size(rargs.zram_size) if p.swap else None)
+                           swap_max_bytes=parse_size(rargs.zram_size) if p.swap else None,
+                           zram=True)  # the bench's swap is a zram device
         settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
                                retry_limit=RETRY_LIMIT, immediate_steps=True,
                                sandbox_period_s=args.sandbox_period)
@@ -266,6 +268,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--admission-wait", type=float, default=None)
     s.add_argument("--swap", action="store_true", help="compressed swap (default off)")
     s.add_argument("--swap-ratio", type=float, default=3.0)
+    s.add_argument("--zram", action="store_true", help="swap's compressed copies not charged to "
+                   "the domain (zram's pool); default: charged at 1/ratio (zswap)")
     s.add_argument("--swap-bandwidth-mib", type=float, default=256.0)
     s.add_argument("--tick", type=float, default=0.25,
                    help="control period, s (the daemon's is 0.1; 0.25 keeps 1,000 sandboxes "

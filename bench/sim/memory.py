@@ -51,6 +51,9 @@ class MemoryConfig:
     swap_ratio: float = 3.0  # compression ratio of swapped anonymous memory
     swap_bandwidth_bps: float = 256 * MiB  # swap-out (and memory.reclaim) speed
     swap_max_bytes: int | None = None  # memory.swap.max; None = unlimited
+    # zram: the compressed copies live in the device's pool, the host's memory, not charged to
+    # the domain (zswap, the default here, charges them at 1/swap_ratio).
+    zram: bool = False
     # With swap: a charge over the limit that the period's swap-out cannot cover stalls the
     # growing calls (direct reclaim: the allocator waits for its pages to leave) while swappable
     # memory is left, instead of OOM-killing; False: the kill, as before.
@@ -150,8 +153,8 @@ class Domain:
             w.add(box_id)
 
     def _box_static(self, b: SimBox) -> float:
-        return (b.anon + b.cache + b.swapped / self.config.swap_ratio
-                + self.config.sandbox_overhead_bytes)
+        swapped = 0.0 if self.config.zram else b.swapped / self.config.swap_ratio
+        return b.anon + b.cache + swapped + self.config.sandbox_overhead_bytes
 
     # -- the population ------------------------------------------------------------------------
 
@@ -231,7 +234,7 @@ class Domain:
         b.swapped += n
         self.static += self._box_static(b) - before
         self.swap_out_bytes += n
-        return n * (1 - 1 / cfg.swap_ratio)
+        return n * self._freed_per_byte()
 
     def step_reclaim(self, dt: float) -> None:
         """memory.reclaim requests in flight progress at the swap bandwidth (page cache first)."""
@@ -280,7 +283,7 @@ class Domain:
                             key=lambda b: (b.call is not None, b.last_active)):
                 if over <= 0 or budget <= 0:
                     break
-                want = min(budget, math.ceil(over / (1 - 1 / self.config.swap_ratio)))
+                want = min(budget, math.ceil(over / self._freed_per_byte()))
                 freed = self._swap_out(b, want)
                 budget -= want
                 over -= freed
@@ -292,7 +295,7 @@ class Domain:
                                 key=lambda b: (b.call is not None, b.last_active)):
                     if over <= SLACK:
                         break
-                    over -= self._swap_out(b, math.ceil(over / (1 - 1 / self.config.swap_ratio)))
+                    over -= self._swap_out(b, math.ceil(over / self._freed_per_byte()))
         kills = []
         while over > SLACK:
             victim = self._victim()
@@ -309,6 +312,10 @@ class Domain:
                 self.end_call(call, leaves=False)
             over = self.usage() - self.budget
         return kills
+
+    def _freed_per_byte(self) -> float:
+        """Domain bytes one swapped-out byte frees: all of it with zram, 1 - 1/ratio else."""
+        return 1.0 if self.config.zram else 1 - 1 / self.config.swap_ratio
 
     def _swappable(self) -> bool:
         cfg = self.config

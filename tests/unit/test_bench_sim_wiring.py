@@ -142,3 +142,13 @@ def test_direct_reclaim_stalls_a_growing_call_instead_of_killing() -> None:
         assert domain.usage() <= domain.budget + 1
         if direct:
             assert domain.stalled_bytes > 0 and call.level < 50 * MiB and idle.swapped > 0
+
+
+def test_zram_copies_are_not_charged_to_the_domain() -> None:
+    """zswap charges a swapped page's compressed copy to the memcg; zram's pool is the host's."""
+    for zram, charged in ((False, 20 * MiB), (True, 0)):
+        domain = Domain(100 * MiB, MemoryConfig(swap=True, swap_ratio=3.0, zram=zram))
+        domain.add_box(SimBox("idle", 60 * MiB))
+        domain.reclaim("idle", 60 * MiB)
+        domain.step_reclaim(10.0)
+        assert domain.usage() == charged
