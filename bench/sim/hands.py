@@ -178,6 +178,9 @@ class ExecgateHands:
         peak = self.next_peak.get(b.id)
         idle = peak is None and b.call is None
         resident = int(b.anon + b.cache)
+        # daemon/sandboxes.py: the queued call's peak, else the largest seen in it, else the
+        # configured default
+        peak = peak or self.box_peaks.get(b.id) or self.sandboxes.config.default_call_peak_bytes
         if not idle:
             extra = (self.res.cold_bytes(b),) if self.count_cold else ()
             return LiveSandbox(b.id, resident, 0, None, peak or 0, *extra), idle
