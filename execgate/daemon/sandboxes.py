@@ -57,7 +57,7 @@ from .idle_sandboxes import Residency
 log = logging.getLogger("execgated")
 
 RESCAN_S = 2.0  # records (and baselines) are re-read at most this often while nothing waits
-BASELINES = "baselines.json"  # in the state directory: {image: [[baseline, call peak], ...]}
+BASELINES = "baselines.json"  # in the state directory: BaselineModel.export()
 
 
 def cgroup_dir(cgroups_path: str, root: str = v2.ROOT) -> str | None:
@@ -117,40 +117,25 @@ class Sandboxes:
         self.stats = {"outside_domain": 0, "cancelled": 0}
         self.last: DomainSnapshot | None = None
         self.learned_path = os.path.join(state_dir, BASELINES)
-        self.learned: dict[str, list[list[int | None]]] = self._load_learned()
+        self._load_learned()
 
     # -- baselines kept across restarts ---------------------------------------------------------
 
-    def _load_learned(self) -> dict[str, list[list[int | None]]]:
+    def _load_learned(self) -> None:
         try:
             with open(self.learned_path) as f:
-                data = json.load(f)
+                self.policy.model.restore(json.load(f))
         except FileNotFoundError:
-            return {}
+            pass
         except (OSError, ValueError) as e:
             log.warning("sandbox baselines: %s unreadable (%s); the defaults serve",
                         self.learned_path, e)
-            return {}
-        learned: dict[str, list[list[int | None]]] = {}
-        for image, seen in (data.items() if isinstance(data, dict) else ()):
-            for item in seen if isinstance(seen, list) else ():
-                base, peak = [*item, None][:2] if isinstance(item, list) and item else (None, None)
-                if type(base) is not int or not (peak is None or type(peak) is int):
-                    continue  # a hand-edited entry: skipped, the rest still serve
-                self.policy.model.observe(str(image), base, peak)
-                learned.setdefault(str(image), []).append([base, peak])
-        return learned
 
-    def _learn(self, image: str, baseline: int, call_peak: int | None) -> None:
-        seen = self.learned.setdefault(image, [])
-        seen.append([baseline, call_peak])
-        del seen[:-self.cfg.history_window]
-        while len(self.learned) > self.cfg.max_images:
-            self.learned.pop(next(iter(self.learned)))
+    def _save_learned(self) -> None:
         tmp = f"{self.learned_path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w") as f:
-                json.dump(self.learned, f)
+                json.dump(self.policy.model.export(), f)
             os.replace(tmp, self.learned_path)
         except OSError as e:
             log.warning("sandbox baselines: not saved to %s (%s)", self.learned_path, e)
@@ -293,7 +278,7 @@ class Sandboxes:
             box = self.boxes.pop(cid)
             self.policy.finished(cid, box.image, box.baseline or None, box.call_peak)
             if box.baseline:
-                self._learn(box.image, box.baseline, box.call_peak)
+                self._save_learned()
             self.events.publish("finished", of="sandbox", sandbox=cid, image=box.image,
                                 baseline=box.baseline, call_peak=box.call_peak)
 

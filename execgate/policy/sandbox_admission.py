@@ -114,17 +114,42 @@ class BaselineModel:
     def observe(self, image: str, baseline_bytes: int, call_peak_bytes: int | None = None) -> None:
         """A sandbox of `image` finished: its baseline (memory outside tool calls at its largest,
         e.g. its init leaf's memory.peak) and, if it ran calls, the largest call peak."""
+        hist = self._history(image)
+        hist.baselines.append(max(baseline_bytes, 0))
+        if call_peak_bytes is not None:
+            hist.call_peaks.append(max(call_peak_bytes, 0))
+
+    def _history(self, image: str) -> _ImageHistory:
+        """The image's history, now the most recently used (the least recent is forgotten
+        beyond max_images)."""
         cfg = self.config
         hist = self._images.get(image)
         if hist is None:
             n = cfg.history_window
             hist = self._images[image] = _ImageHistory(deque(maxlen=n), deque(maxlen=n))
         self._images.move_to_end(image)
-        hist.baselines.append(max(baseline_bytes, 0))
-        if call_peak_bytes is not None:
-            hist.call_peaks.append(max(call_peak_bytes, 0))
         while len(self._images) > cfg.max_images:
             self._images.popitem(last=False)
+        return hist
+
+    def export(self) -> dict[str, dict[str, list[int]]]:
+        """The whole history, least recently used image first, for the daemon to keep."""
+        return {image: {"baselines": list(h.baselines), "call_peaks": list(h.call_peaks)}
+                for image, h in self._images.items()}
+
+    def restore(self, data: object) -> None:
+        """Take back what `export` wrote. What is not a list of integers (a hand-edited file) is
+        skipped; the rest serves."""
+        for image, saved in (data.items() if isinstance(data, dict) else ()):
+            if not isinstance(saved, dict):
+                continue
+            lists = [saved.get(k) for k in ("baselines", "call_peaks")]
+            base, peaks = ([v for v in x if type(v) is int] if isinstance(x, list) else []
+                           for x in lists)
+            if base:
+                hist = self._history(str(image))
+                hist.baselines.extend(max(v, 0) for v in base)
+                hist.call_peaks.extend(max(v, 0) for v in peaks)
 
     def predict(self, image: str, call_peak_bytes: int | None = None) -> BaselinePrediction:
         """History of the image, else the configured defaults. call_peak_bytes: the request's

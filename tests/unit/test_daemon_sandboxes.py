@@ -323,7 +323,8 @@ def test_learned_baselines_survive_a_restart_and_a_bad_file_is_no_failure(
     pred = again.sandboxes.policy.model.predict("cmd:memload")
     assert pred.baseline_bytes == 70 * MiB and pred.source.startswith("image-history"), pred
     # A corrupt or hand-edited file: logged, and what can be read still serves.
-    saved.write_text('{"cmd:memload": [[1048576, null], ["x"], "y"], "other": 3}')
+    saved.write_text('{"cmd:memload": {"baselines": [1048576, "x"], "call_peaks": "y"}, '
+                     '"other": 3, "third": {"baselines": null}}')
     pred = Engine(bed.daemon.cfg, bed.engine.settings, bed.clock) \
         .sandboxes.policy.model.predict("cmd:memload")
     assert pred.baseline_bytes == 1 * MiB, pred

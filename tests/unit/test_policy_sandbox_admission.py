@@ -267,3 +267,18 @@ def test_one_call_term_is_the_largest_next_peak_of_live_started_and_own() -> Non
             assert d.call_peak_bytes == max([*peaks, (mine, d.sandbox_id)])[0]
             if d.start:
                 peaks.append((mine, d.sandbox_id))
+
+
+def test_the_history_exports_and_restores_whole_within_its_bounds() -> None:
+    cfg = SandboxAdmissionConfig(history_window=2, max_images=2)
+    model = BaselineModel(cfg)
+    for image, base, peak in (("a", 10, None), ("a", 20, 5), ("a", 30, 7), ("b", 40, 9)):
+        model.observe(image, base * MiB, None if peak is None else peak * MiB)
+    again = BaselineModel(cfg)
+    again.restore(model.export())
+    assert again.export() == model.export() == {
+        "a": {"baselines": [20 * MiB, 30 * MiB], "call_peaks": [5 * MiB, 7 * MiB]},
+        "b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB]}}
+    bounded = BaselineModel(SandboxAdmissionConfig(history_window=1, max_images=1))
+    bounded.restore(model.export())
+    assert bounded.export() == {"b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB]}}
