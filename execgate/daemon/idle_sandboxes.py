@@ -101,11 +101,20 @@ class Residency:
         """What idle sandboxes could give back now (each `reclaimable_bytes`), without asking;
         cold: and what the kernel can swap out of active ones (`cold_bytes`)."""
         self._rescan()
-        busy = set(self.busy())
-        return sum(self.cold_bytes(cid) if cid in busy else self.reclaimable_bytes(cid, busy)
+        busy, free = set(self.busy()), self.swap_free()
+        return sum(self.cold_bytes(cid, free) if cid in busy
+                   else self.reclaimable_bytes(cid, busy, free)
                    for cid in self.boxes if cold or cid not in busy)
 
-    def cold_bytes(self, cid: str) -> int:
+    @staticmethod
+    def swap_free() -> int:
+        """The host's free swap (0 when unknown), read once for a pass over the sandboxes."""
+        try:
+            return meminfo.read().get("SwapFree", 0)
+        except (OSError, ValueError):
+            return 0
+
+    def cold_bytes(self, cid: str, host_free: int | None = None) -> int:
         """An active sandbox's cold pages: its init leaf's inactive LRU lists (anonymous as far
         as swap has room), what the kernel swaps out first when a call beside them needs room.
         Its running calls live in their own cgroups, so they are not counted."""
@@ -116,7 +125,7 @@ class Residency:
         if not stat:
             return 0
         return stat.get("inactive_file", 0) + min(stat.get("inactive_anon", 0),
-                                                  self._swap_room(box))
+                                                  self._swap_room(box, host_free))
 
     def swap_out_bytes_per_s(self, configured: float) -> float:
         """The configured swap-out bandwidth, or what reclaims here achieved if slower (an
@@ -129,26 +138,26 @@ class Residency:
             self.room = 0
         return self.room
 
-    def reclaimable_bytes(self, cid: str, busy: set[str] | None = None) -> int:
+    def reclaimable_bytes(self, cid: str, busy: set[str] | None = None,
+                          host_free: int | None = None, current: int | None = None) -> int:
         """What memory.reclaim could take from an idle sandbox now: its page cache, and its
         anonymous memory as far as swap has room (the host's free swap, init/'s swap.max), down
         to keep_bytes; 0 while a call runs or waits in it (``busy``: the engine's set, asked
-        for when not given) or once reclaimed in this idle period."""
+        for when not given) or once reclaimed in this idle period. host_free (`swap_free`) and
+        current (its memory.current) are read here when the caller has not read them."""
         box = self.boxes.get(cid)
         if box is None or box.reclaimed or cid in (set(self.busy()) if busy is None else busy):
             return 0
         stat = v2.read_keyed(box.cgroup, "memory.stat")
         if not stat:
             return 0
-        anon = min(stat.get("anon", 0), self._swap_room(box))
-        current = v2.read_int(box.cgroup, "memory.current") or 0
+        anon = min(stat.get("anon", 0), self._swap_room(box, host_free))
+        if current is None:
+            current = v2.read_int(box.cgroup, "memory.current") or 0
         return max(min(stat.get("file", 0) + anon, current - self.cfg.keep_bytes), 0)
 
-    def _swap_room(self, box: Box) -> int:
-        try:
-            free = meminfo.read().get("SwapFree", 0)
-        except (OSError, ValueError):
-            return 0
+    def _swap_room(self, box: Box, host_free: int | None = None) -> int:
+        free = self.swap_free() if host_free is None else host_free
         init = container.init_leaf(box.cgroup)
         for cg in (box.cgroup, init):
             try:
@@ -220,6 +229,7 @@ class Residency:
             self.green_since = now
         self._rescan()
         active = set(busy())
+        host_free: int | None = None  # read at the first candidate, once for all
         views = []
         for box in self.boxes.values():
             if box.cid in active:
@@ -235,9 +245,12 @@ class Residency:
             # memory.current only where a reclaim could follow: a few reads, not one per box
             candidate = eligible and (reading.state != Pressure.GREEN or room) \
                 and not box.reclaimed
-            memory = v2.read_int(box.cgroup, "memory.current") if candidate else 0
-            can = self.reclaimable_bytes(box.cid, active) if candidate else 0
-            views.append(SandboxView(box.cid, idle, memory or 0, box.freezable, box.frozen,
+            memory = can = 0
+            if candidate:
+                memory = v2.read_int(box.cgroup, "memory.current") or 0
+                host_free = self.swap_free() if host_free is None else host_free
+                can = self.reclaimable_bytes(box.cid, active, host_free, memory)
+            views.append(SandboxView(box.cid, idle, memory, box.freezable, box.frozen,
                                      box.reclaimed, box.ended, can))
         reclaiming = self.worker_alive()
         for action in plan(self.cfg, reading.state, now - self.green_since,

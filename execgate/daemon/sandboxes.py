@@ -235,6 +235,7 @@ class Sandboxes:
         for c in calls.values():
             in_calls[c.container] = in_calls.get(c.container, 0) + c.last_mem
         live, total = [], 0
+        free = res.swap_free()  # once for every sandbox below
         for box in self.boxes.values():
             mem = v2.read_int(box.cgroup, "memory.current")
             if mem is None:
@@ -246,9 +247,9 @@ class Sandboxes:
             held = res.boxes.get(box.cid) if pushes and box.cid not in busy else None
             if held is not None and held.busy is not True:  # not at work without a call
                 idle = max(now - max(activity.get(box.cid, box.created), box.created), 0.0)
-                reclaim = res.reclaimable_bytes(box.cid, busy)
+                reclaim = res.reclaimable_bytes(box.cid, busy, free)
             elif self.count_cold:
-                cold = res.cold_bytes(box.cid)
+                cold = res.cold_bytes(box.cid, free)
             peak = queued.get(box.cid) or box.call_peak or self.cfg.default_call_peak_bytes
             live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak, cold))
         running = [max(int(c.extra.get("charge") or 0), c.last_mem) for c in calls.values()]

@@ -89,7 +89,7 @@ def test_an_active_sandboxs_cold_baseline_counts_for_calls(tmp_path: Path,
         busy = bed.sandbox("busy", 120 * MiB, file=0, anon=120 * MiB)
         (busy / "init" / "memory.stat").write_text(f"inactive_anon {100 * MiB}\ninactive_file 0\n")
         eng = bed.engine
-        monkeypatch.setattr(eng.residency, "_swap_room", lambda box: 1 << 30)  # type: ignore
+        monkeypatch.setattr(eng.residency, "swap_free", lambda: 1 << 30)  # type: ignore
         eng.tick()
         assert eng.submit(_call(0, "busy", 60 * MiB))[1].done()  # 96 MiB free
         assert eng.residency.cold_bytes("busy") == 100 * MiB
