@@ -240,12 +240,9 @@ class Admission:
         decisions: list[Decision] = []
         window = self._window(reading)
         start = reading.effective_headroom + max(idle_room, 0)
-        try:
-            headroom_left = self._step(now, reading, window, start, decisions)
-        finally:
-            used = start - headroom_left if decisions else 0
-            self.borrowed_bytes = min(max(used - reading.effective_headroom, 0),
-                                      max(idle_room, 0))
+        headroom_left = self._step(now, reading, window, start, decisions)
+        used = start - headroom_left if decisions else 0
+        self.borrowed_bytes = min(max(used - reading.effective_headroom, 0), max(idle_room, 0))
         return decisions
 
     def _step(self, now: float, reading: PressureReading, window: int, start: int,
