@@ -1,9 +1,11 @@
 """`execgate`: an OCI runtime that is runc for everything but four subcommands.
 
 Like NVIDIA's container runtime, it intercepts only what it must (create, start, exec, kill, delete)
-and execve()s the real runtime for the rest, so `--version`, `state`, `events`, `ps`, `update`,
-`pause`… are runc's own, byte for byte. A handler that fails falls back to plain passthrough:
-execgate may lose control of a container, never break it.
+and execve()s the real runtime for the rest, so `state`, `events`, `ps`, `update`, `pause`… are
+runc's own, byte for byte. `--version` first prints execgate's own version and the real runtime's
+path, then runc's own lines (dockerd reads a runtime's version from the last line that says
+"version": runc's). A handler that fails falls back to plain passthrough: execgate may lose
+control of a container, never break it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def _runtime(cfg: config_mod.Config, log: RuncLog) -> str:
         return real
 
 
+def print_version(real: str) -> None:
+    """execgate's own version line and the real runtime's path, before the runtime prints its
+    own; written straight to fd 1, as execve drops whatever Python still buffers."""
+    from execgate import __version__
+
+    os.write(1, f"execgate version {__version__}\nreal runtime: {real}\n".encode())
+
+
 def main() -> None:
     argv = sys.argv[1:]
     inv = cli.parse(argv)
@@ -76,6 +86,8 @@ def main() -> None:
         print(f"execgate: {e}", file=sys.stderr)
         sys.exit(1)
 
+    if inv.command is None and inv.globals.is_set("version"):
+        print_version(real)
     result: list[str] | int = argv
     handlers = _handlers() if cfg.per_exec_cgroups and inv.command in INTERCEPTED else {}
     if inv.command in handlers:

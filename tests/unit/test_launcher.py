@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import execgate
 from execgate.common import config
 from execgate.oci import runc
 from execgate.runtime import launcher
@@ -65,7 +66,8 @@ def test_script_falls_back_to_site(tmp_path: Path) -> None:
     script.chmod(0o755)
     out = subprocess.run([str(script), "--version"], env=env, capture_output=True, text=True,
                          check=True)
-    assert out.stdout == "rt:--version\n"
+    assert out.stdout == (f"execgate version {execgate.__version__}\n"
+                          f"real runtime: {tmp_path / 'rt'}\nrt:--version\n")
 
 
 def test_check_refuses_paths_without_the_runtime(tmp_path: Path, site: list[str]) -> None:
@@ -82,7 +84,8 @@ def test_write_refuses_an_interpreter_a_shebang_cannot_hold(tmp_path: Path) -> N
     assert launcher.main([]) == 2
 
 
-def test_passthrough_imports_nothing_heavy(tmp_path: Path, site: list[str],
+@pytest.mark.parametrize("argv", [["--version"], ["--root", "/r", "state", "x"]])
+def test_passthrough_imports_nothing_heavy(tmp_path: Path, site: list[str], argv: list[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     conf, env = _runtime(tmp_path)
     cache = tmp_path / "config.cache"
@@ -92,16 +95,28 @@ def test_passthrough_imports_nothing_heavy(tmp_path: Path, site: list[str],
     code = f"""
 import os, sys
 sys.path.extend({site!r})
+import execgate
 from execgate.common import config
 config.CACHE_PATH = {str(cache)!r}
 def execve(path, argv, env):
     print(path, argv, sorted(m for m in {HEAVY!r} if m in sys.modules))
     sys.exit(0)
 os.execve = execve
-sys.argv = ["execgate", "--version"]
+sys.argv = ["execgate", *{argv!r}]
 from execgate.runtime.main import main
 main()
 """
     out = subprocess.run([sys.executable, "-IS", "-c", code], env=env, capture_output=True,
                          text=True, check=True)
-    assert out.stdout == f"{tmp_path / 'rt'} ['{tmp_path / 'rt'}', '--version'] []\n"
+    rt = tmp_path / "rt"
+    own = (f"execgate version {execgate.__version__}\nreal runtime: {rt}\n"
+           if argv == ["--version"] else "")
+    assert out.stdout == f"{own}{rt} {[str(rt), *argv]!r} []\n"
+
+
+def test_version_matches_the_package_metadata() -> None:
+    """execgate's --version says what pyproject.toml's version says (one bump, not two)."""
+    import tomllib
+
+    meta = tomllib.loads((SRC / "pyproject.toml").read_text())
+    assert meta["project"]["version"] == execgate.__version__
