@@ -20,19 +20,25 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / (1 << 20):.1f}M"
 
 
-def _status(cfg: config_mod.Config) -> tuple[dict[str, Any], str]:
-    """From the daemon when it runs; otherwise from disk (said in the header)."""
+# `execgatectl status`'s exit status when the daemon did not answer (systemctl's "not running"):
+# the disk's view is still printed, but a script or a probe must not read it as healthy.
+STATUS_UNREACHABLE = 3
+
+
+def _status(cfg: config_mod.Config) -> tuple[dict[str, Any], str, bool]:
+    """From the daemon when it runs; otherwise from disk (said in the header); and whether the
+    daemon answered."""
     from execgate.common import protocol
     from execgate.daemon import status
 
     try:
         answer = protocol.call(cfg.socket, protocol.request("status"), timeout=2.0)
         if answer.get("ok"):
-            return answer["status"], f"execgated pid {answer.get('pid')}"
+            return answer["status"], f"execgated pid {answer.get('pid')}", True
         source = f"daemon error: {answer.get('error')}"
     except (OSError, protocol.ProtocolError) as e:
         source = f"execgated not reachable ({e}); read from disk"
-    return status.collect(cfg), source
+    return status.collect(cfg), source, False
 
 
 def print_daemon(d: dict[str, Any]) -> None:
@@ -180,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="execgatectl", description=__doc__)
     parser.add_argument("--config", help="config file (default /etc/execgate/config.toml)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_status = sub.add_parser("status", help="sandboxes, running and recent tool calls")
+    p_status = sub.add_parser("status", help="sandboxes, running and recent tool calls (exit "
+                              f"status {STATUS_UNREACHABLE} when the daemon does not answer)")
     p_status.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("events", help="stream admissions and outcomes as they happen (JSON lines)")
     p_calls = sub.add_parser("calls", help="finished tool calls from the journal")
@@ -191,12 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     for err in cfg.errors:
         print(f"execgatectl: {err}", file=sys.stderr)
     if args.cmd == "status":
-        snap, source = _status(cfg)
+        snap, source, answered = _status(cfg)
         if args.json:
             json.dump({"source": source, **snap}, sys.stdout, indent=2)
             print()
         else:
             print_status(snap, source)
+        if not answered:
+            print(f"execgatectl: {source}", file=sys.stderr)
+            return STATUS_UNREACHABLE
     elif args.cmd == "events":
         return stream_events(cfg)
     elif args.cmd == "calls":

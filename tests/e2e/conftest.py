@@ -151,7 +151,7 @@ CONFIG = "/etc/execgate/config.toml"
 def ctl_status() -> dict[str, Any]:
     p = subprocess.run(["execgatectl", "status", "--json"], capture_output=True, text=True,
                        timeout=60)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode in (0, 3), p.stderr  # 3: the daemon did not answer (read from disk)
     return json.loads(p.stdout)
 
 

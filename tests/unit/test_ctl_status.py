@@ -1,0 +1,50 @@
+"""`execgatectl status`: its exit status says whether the daemon answered."""
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from execgate.common import protocol
+from execgate.ctl import main as ctl
+
+
+def _config(tmp_path: Path, sock: Path) -> str:
+    conf = tmp_path / "config.toml"
+    conf.write_text(f'socket = "{sock}"\nstate_dir = "{tmp_path / "state"}"\n'
+                    f'journal = "{tmp_path / "calls.jsonl"}"\n')
+    return str(conf)
+
+
+def test_unreachable_daemon_exits_non_zero_and_says_so(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    conf = _config(tmp_path, tmp_path / "gone.sock")
+    assert ctl.main(["--config", conf, "status"]) == ctl.STATUS_UNREACHABLE
+    out = capsys.readouterr()
+    assert "read from disk" in out.out  # the disk's view is still shown
+    assert "execgated not reachable" in out.err
+    assert ctl.main(["--config", conf, "status", "--json"]) == ctl.STATUS_UNREACHABLE
+
+
+def test_answering_daemon_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "d.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def answer() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            protocol.recv_frame(conn)
+            conn.sendall(protocol.encode(protocol.reply(True, status={"sandboxes": []}, pid=7)))
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        assert ctl.main(["--config", _config(tmp_path, path), "status"]) == 0
+    finally:
+        t.join(5)
+        srv.close()
+    out = capsys.readouterr()
+    assert "execgated pid 7" in out.out and out.err == ""
