@@ -69,6 +69,8 @@ _VIEW_FIELDS = {f.name for f in dataclasses.fields(SandboxView)}
 _PLAN_ROOM = "room" in inspect.signature(plan).parameters
 _STEP_ROOM = "idle_room" in inspect.signature(Admission.step).parameters
 _LIVE_COLD = _sa is not None and "cold_bytes" in {f.name for f in dataclasses.fields(LiveSandbox)}
+_SNAP_SWAP = _sa is not None and "swap_free_bytes" in {
+    f.name for f in dataclasses.fields(_sa.DomainSnapshot)}
 
 
 def settings_from_config(cfg: Mapping[str, Any]) -> tuple[daemon_settings.Settings, list[str]]:
@@ -163,6 +165,7 @@ class ExecgateHands:
                                 self.reclaimed)
         headroom = getattr(settings, "headroom", None)
         self.count_cold = bool(headroom is not None and headroom.count_cold and _LIVE_COLD)
+        self.swap_out_configured = float(getattr(headroom, "swap_out_bytes_per_s", 0.0))
         self.idle_room = (IdleRoom(headroom, self.res, clock)  # type: ignore[arg-type]
                           if IdleRoom is not None and headroom is not None and _STEP_ROOM
                           else None)
@@ -216,8 +219,12 @@ class ExecgateHands:
         running = [int(max(c.level, self.calls[cid].declared_bytes or 0))
                    for cid, c in self.running.items() if cid in self.calls]
         margin = self.reading.safety_margin if self.reading is not None else 0
-        snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running)
         pushes = self.residency.enabled and self.residency.reclaim
+        swap: tuple[int, float] | tuple[()] = ()
+        if _SNAP_SWAP:  # daemon/sandboxes.py: swap's free room and bandwidth, while it pushes
+            rate = self.res.swap_out_bytes_per_s(self.swap_out_configured)
+            swap = (int(min(self.res.swap_room(), 1 << 62)) if pushes else 0, rate)
+        snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running, 0, *swap)
         if pushes:  # the daemon renews the standing ask while a create waits
             self.res.make_room(self.res.room_wanted())
         pushable = sum(s.pushable_bytes for s in live)

@@ -131,7 +131,7 @@ class Engine:
         # Creates waiting for room (policy/sandbox_admission.py), and the domain's sandboxes.
         domain = None if settings.daemon.domain == "host" else settings.daemon.domain
         self.sandboxes = Sandboxes(settings.sandboxes, self.residency, cfg.state_dir, domain,
-                                   self.events, clock, settings.headroom.count_cold)
+                                   self.events, clock, settings.headroom)
         self.idle_room = IdleRoom(settings.headroom, self.residency, clock)  # for calls
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None

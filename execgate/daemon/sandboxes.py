@@ -40,7 +40,7 @@ from typing import Any
 
 from execgate.cgroups import container, v2
 from execgate.common import records
-from execgate.policy.headroom import LiveSandbox
+from execgate.policy.headroom import HeadroomConfig, LiveSandbox
 from execgate.policy.pressure import PressureReading
 from execgate.policy.sandbox_admission import (
     DomainSnapshot,
@@ -102,9 +102,12 @@ class Sandboxes:
 
     def __init__(self, cfg: SandboxAdmissionConfig, residency: Residency, state_dir: str,
                  domain: str | None, events: EventBus,
-                 clock: Callable[[], float] = time.monotonic, count_cold: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 headroom: HeadroomConfig | None = None) -> None:
         self.cfg = cfg
-        self.count_cold = count_cold  # [headroom]: an active sandbox's cold pages are pushable
+        # [headroom]: count_cold (an active sandbox's cold pages are pushable) and the
+        # swap-out bandwidth assumed before reclaims here measured it
+        self.headroom = HeadroomConfig() if headroom is None else headroom
         self.residency = residency  # what idle sandboxes can give back, and make_room
         self.domain = domain  # a cgroup directory, or None for the host
         self.events = events
@@ -248,13 +251,18 @@ class Sandboxes:
             if held is not None and held.busy is not True:  # not at work without a call
                 idle = max(now - max(activity.get(box.cid, box.created), box.created), 0.0)
                 reclaim = res.reclaimable_bytes(box.cid, busy, free)
-            elif self.count_cold:
+            elif self.headroom.count_cold:
                 cold = res.cold_bytes(box.cid, free)
             peak = queued.get(box.cid) or box.call_peak or self.cfg.default_call_peak_bytes
             live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak, cold))
         running = [max(int(c.extra.get("charge") or 0), c.last_mem) for c in calls.values()]
+        # Room swap offers a baseline arriving: the host's free swap, within the swap.max
+        # the runtime gives each sandbox ([residency] swap_max; "" writes none)
+        limit = str(res.cfg.swap_max or "max")
+        room = min(free, int(limit)) if limit.isdigit() else free
+        rate = res.swap_out_bytes_per_s(self.headroom.swap_out_bytes_per_s)
         return DomainSnapshot(reading.budget, reading.safety_margin, live, running,
-                              max(used - total, 0))
+                              max(used - total, 0), room if pushes else 0, rate)
 
     def _rescan(self, now: float, calls: Mapping[str, Any]) -> None:
         """Follow the records: new sandboxes join, removed ones teach their image's baseline."""

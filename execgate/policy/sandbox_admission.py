@@ -5,12 +5,25 @@ baselines alone were twice the budget, so the domain was red before any call ran
 waited out their bounded wait to be forced into a full host. A new sandbox therefore waits in
 the runtime's `create` (nothing in its cgroup yet) until
 
-    pinned + baseline(new) + max(next-call peak over live sandboxes and the new one) <= budget - S
+    pinned + max(running, one call) + max(arriving + baseline(new) - absorbed, 0) <= budget - S
 
-pinned: memory that cannot be pushed out — running calls' charges, active sandboxes' resident
-memory, idle sandboxes' resident memory less what they can give back, sandboxes admitted but
-not yet at their baseline at their predicted baseline. The max term keeps room for one call, so
-at least one call can always run: admitting a sandbox never leaves the others unable to work.
+pinned: memory outside tool calls that cannot be pushed out — active sandboxes' resident memory
+(less their cold pages), idle sandboxes' resident memory less what they can give back,
+sandboxes admitted but not yet at their baseline at their predicted baseline. running: the
+running calls' charges (what call admission set aside for them). one call: the largest
+next-call peak over live sandboxes and the new one. The max keeps both promises: the new
+baseline fits beside the running calls at their peaks (no OOM now), and once they end, the
+largest next call fits (at least one call can always run: admitting a sandbox never leaves the
+others unable to work). Adding the two instead, as this rule did at first, set room aside for
+two calls where the domain runs one: at the VM's 8.6x Poisson point it held 14 of 16 creates,
+six of them the whole bounded wait.
+
+arriving: the baselines of sandboxes admitted but not yet at them (each its prediction less the
+most resident memory seen of it). absorbed: what swap can take while they arrive — the
+swap-out bandwidth over a start's duration (learned: admission to first call), within the
+swap's free room. With swap, an arrived baseline is cold and pushable like any other (it
+leaves `pinned`); what must fit is its arrival, and swap-out works during the whole start. No
+swap, or no start measured yet: absorbed is 0 and the whole baseline counts.
 
 * Baselines are learned per image from finished sandboxes (`BaselineModel`): a high quantile of
   the last few observed baselines (an under-estimate costs OOM kills, an over-estimate a wait),
@@ -191,13 +204,17 @@ class DomainSnapshot:
     margin_bytes: S (`PressureReading.safety_margin`). running_call_bytes: one entry per
     running tool call, its charge (the daemon may pass max(charge, current bytes)).
     other_bytes: memory in the domain outside live sandboxes that cannot be pushed out
-    (0 for a cgroup domain that holds only sandboxes)."""
+    (0 for a cgroup domain that holds only sandboxes). swap_free_bytes and
+    swap_out_bytes_per_s: the swap's free room for this domain's sandboxes and the bandwidth
+    reclaims achieve (residency's), for what arriving baselines swap can absorb (0: none)."""
 
     budget_bytes: int
     margin_bytes: int
     sandboxes: Sequence[LiveSandbox] = ()
     running_call_bytes: Sequence[int] = ()
     other_bytes: int = 0
+    swap_free_bytes: int = 0
+    swap_out_bytes_per_s: float = 0.0
 
     @property
     def room_bytes(self) -> int:
@@ -218,7 +235,7 @@ class SandboxDecision:
     sandbox_id: str
     verdict: Verdict
     waited_s: float
-    need_bytes: int  # pinned + baseline + one call
+    need_bytes: int  # pinned + max(running calls, one call) + unabsorbed arriving baselines
     room_bytes: int  # budget − S
     baseline_bytes: int
     call_peak_bytes: int  # the one-call term: the largest next-call peak, the new one's included
@@ -257,6 +274,7 @@ class _Queued:
 class _Starting:
     prediction: BaselinePrediction
     admitted_at: float
+    seen_bytes: int = 0  # the most resident memory a snapshot showed of it so far
 
 
 class SandboxAdmission:
@@ -271,6 +289,7 @@ class SandboxAdmission:
         self._starting: dict[str, _Starting] = {}
         self._seq = 0
         self._totals = {Verdict.ADMITTED.value: 0, Verdict.FAIL_OPEN.value: 0}
+        self.start_s: float | None = None  # a start's duration, admission to first call (EWMA)
 
     # -- the daemon's calls ------------------------------------------------------------------
 
@@ -293,8 +312,12 @@ class SandboxAdmission:
 
     def settled(self, sandbox_id: str) -> None:
         """The sandbox reached its baseline (its first tool call came): its resident bytes in
-        the snapshot now say what it holds, the prediction need not be counted any more."""
-        self._starting.pop(sandbox_id, None)
+        the snapshot now say what it holds, the prediction need not be counted any more.
+        How long it took teaches how long swap-out has while a baseline arrives."""
+        start = self._starting.pop(sandbox_id, None)
+        if start is not None:
+            took = max(self.clock() - start.admitted_at, 0.0)
+            self.start_s = took if self.start_s is None else 0.7 * self.start_s + 0.3 * took
 
     def finished(self, sandbox_id: str, image: str, baseline_bytes: int | None,
                  call_peak_bytes: int | None = None) -> None:
@@ -310,16 +333,25 @@ class SandboxAdmission:
         cfg = self.config
         self._starting = {sid: s for sid, s in self._starting.items()
                           if now - s.admitted_at < cfg.settle_s}
-        pinned, peaks = self._pinned(snap)
+        pinned, arriving, peaks = self._pinned(snap)
+        running = sum(max(c, 0) for c in snap.running_call_bytes)
+        absorbed = self.absorbable(snap)
         # The largest (next-call peak, id) so far, kept as sandboxes start: one pass over the
         # live sandboxes per step, not one per queued create (1,000 sandboxes made it the cost).
         top = max(peaks) if peaks else None
         fmt = functools.cache(fmt_bytes)  # few sizes recur in reasons
 
         @functools.cache  # and creates behind one another share their terms
-        def terms_of(pinned: int, baseline: int, source: str, peak: int, peak_of: str) -> str:
-            return (f"pinned {fmt(pinned)} + baseline {fmt(baseline)} ({source}) + one call "
-                    f"{fmt(peak)} (next peak of {peak_of}) = {fmt(pinned + baseline + peak)}")
+        def terms_of(pinned: int, arriving: int, baseline: int, source: str, peak: int,
+                     peak_of: str) -> str:
+            calls = (f"one call {fmt(peak)} (next peak of {peak_of})" if peak >= running else
+                     f"running calls {fmt(running)} (> next peak {fmt(peak)} of {peak_of})")
+            base = f"baseline {fmt(baseline)} ({source})"
+            if arriving or absorbed:
+                base = (f"unabsorbed arrivals {fmt(_unabsorbed(arriving, baseline, absorbed))} "
+                        f"(arriving {fmt(arriving)} + {base} - swap absorbs {fmt(absorbed)})")
+            need = pinned + max(peak, running) + _unabsorbed(arriving, baseline, absorbed)
+            return f"pinned {fmt(pinned)} + {base} + {calls} = {fmt(need)}"
 
         empty = not snap.sandboxes and not self._starting
         room = snap.room_bytes
@@ -330,9 +362,10 @@ class SandboxAdmission:
             sid, pred = entry.request.sandbox_id, entry.prediction
             mine = (pred.call_peak_bytes, sid)
             peak, peak_of = mine if top is None else max(top, mine)
-            need = pinned + pred.baseline_bytes + peak
+            need = (pinned + max(peak, running)
+                    + _unabsorbed(arriving, pred.baseline_bytes, absorbed))
             waited = max(now - entry.arrival, 0.0)
-            terms = terms_of(pinned, pred.baseline_bytes, pred.source, peak, peak_of)
+            terms = terms_of(pinned, arriving, pred.baseline_bytes, pred.source, peak, peak_of)
             if not cfg.enabled:
                 verdict, reason = Verdict.ADMITTED, "admitted: sandbox admission is off"
             elif ahead is None and empty:
@@ -359,7 +392,7 @@ class SandboxAdmission:
             del self._queue[sid]
             self._starting[sid] = _Starting(pred, now)
             self._totals[verdict.value] += 1
-            pinned += pred.baseline_bytes
+            arriving += pred.baseline_bytes
             top = mine if top is None else max(top, mine)
             empty = False
         return decisions
@@ -385,19 +418,32 @@ class SandboxAdmission:
                 for sid, s in self._starting.items()
             ],
             "totals": dict(self._totals),
+            "start_s": self.start_s,
             "images": self.model.snapshot(),
         }
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _pinned(self, snap: DomainSnapshot) -> tuple[int, list[tuple[int, str]]]:
-        """Bytes that cannot be pushed out, and every live sandbox's (next-call peak, id).
-        A sandbox admitted but not settled counts at least its predicted baseline and peak,
-        whether or not the snapshot shows it yet."""
-        pinned = max(snap.other_bytes, 0) + sum(max(c, 0) for c in snap.running_call_bytes)
+    def absorbable(self, snap: DomainSnapshot) -> int:
+        """What swap can take of arriving baselines: its bandwidth over a start, within its
+        free room; 0 before a start was measured or without swap."""
+        if self.start_s is None:
+            return 0
+        moved = int(max(snap.swap_out_bytes_per_s, 0.0) * self.start_s)
+        return max(min(moved, snap.swap_free_bytes), 0)
+
+    def _pinned(self, snap: DomainSnapshot) -> tuple[int, int, list[tuple[int, str]]]:
+        """Bytes outside tool calls that cannot be pushed out, the baselines still arriving,
+        and every live sandbox's (next-call peak, id). A sandbox admitted but not settled pins
+        what the snapshot says and has the rest of its predicted baseline still to come (the
+        prediction less the most resident memory seen of it: memory it allocated and residency
+        then pushed out has arrived, and counting it again held the VM's burst creates back a
+        whole docker run); its next-call peak is at least the predicted one."""
+        pinned = max(snap.other_bytes, 0)
         if not self._starting:  # every sandbox as the snapshot shows it
-            return (pinned + sum(box.pinned_bytes for box in snap.sandboxes),
+            return (pinned + sum(box.pinned_bytes for box in snap.sandboxes), 0,
                     [(box.next_call_peak_bytes, box.sandbox_id) for box in snap.sandboxes])
+        arriving = 0
         peaks: list[tuple[int, str]] = []
         seen: set[str] = set()
         for box in snap.sandboxes:
@@ -405,12 +451,18 @@ class SandboxAdmission:
             start = self._starting.get(box.sandbox_id)
             held, peak = box.pinned_bytes, box.next_call_peak_bytes
             if start is not None:
-                held = max(held, start.prediction.baseline_bytes)
+                start.seen_bytes = max(start.seen_bytes, box.resident_bytes)
+                arriving += max(start.prediction.baseline_bytes - start.seen_bytes, 0)
                 peak = max(peak, start.prediction.call_peak_bytes)
             pinned += held
             peaks.append((peak, box.sandbox_id))
         for sid, start in self._starting.items():
             if sid not in seen:
-                pinned += start.prediction.baseline_bytes
+                arriving += start.prediction.baseline_bytes
                 peaks.append((start.prediction.call_peak_bytes, sid))
-        return pinned, peaks
+        return pinned, arriving, peaks
+
+
+def _unabsorbed(arriving: int, baseline: int, absorbed: int) -> int:
+    """What of the arriving baselines and the new one must fit as it is: swap takes the rest."""
+    return max(arriving + baseline - absorbed, 0)

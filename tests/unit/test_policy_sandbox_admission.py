@@ -84,14 +84,36 @@ def test_one_call_term_is_the_largest_next_call_peak_including_the_new_sandbox()
     assert d2.verdict is Verdict.WAITING and d2.call_peak_bytes == 900 * MiB
 
 
-def test_pinned_counts_running_calls_active_sandboxes_and_idle_ones_less_reclaimable() -> None:
+def test_pinned_counts_active_sandboxes_and_idle_ones_less_reclaimable() -> None:
     adm, _ = make()
     adm.submit(SandboxRequest("new", "py"))
     idle = LiveSandbox("idle", 600 * MiB, reclaimable_bytes=500 * MiB, idle_s=30.0)
     busy = LiveSandbox("busy", 600 * MiB, reclaimable_bytes=500 * MiB, idle_s=None)
-    # pinned = 100 (idle) + 600 (busy: gives nothing back) + 300 (call) + 24 (other) = 1024 MiB
+    # pinned = 100 (idle) + 600 (busy: gives nothing back) + 24 (other) = 724 MiB; the running
+    # call's 300 MiB charge exceeds the one-call term (256), so it stands for both
     [d] = adm.step(snap(idle, busy, calls=(300 * MiB,), other=24 * MiB))
-    assert d.need_bytes == (1024 + 256 + 256) * MiB and d.verdict is Verdict.ADMITTED
+    assert d.need_bytes == (724 + 256 + 300) * MiB and d.verdict is Verdict.ADMITTED
+    assert "running calls 300 MiB" in d.reason
+
+
+def test_running_calls_and_the_next_call_share_one_room_not_two() -> None:
+    """A running call's room is the next call's once it ends: the new baseline must fit beside
+    the running calls at their charges and beside the largest next call, not beside both."""
+    adm, _ = make()
+    adm.submit(SandboxRequest("new", "py", call_peak_bytes=100 * MiB))
+    a = active("a", 512 * MiB, peak=600 * MiB)
+    # room 1.5 GiB: 512 + 256 + max(400 running, 600 next) = 1368 MiB fits; the sum
+    # (512 + 256 + 400 + 600 = 1768 MiB) would not
+    [d] = adm.step(snap(a, margin=512 * MiB, calls=(250 * MiB, 150 * MiB)))
+    assert d.verdict is Verdict.ADMITTED and d.need_bytes == 1368 * MiB
+    assert "one call 600 MiB (next peak of a)" in d.reason
+    # running calls larger than the next call: they are the term
+    adm2, _ = make()
+    adm2.submit(SandboxRequest("new", "py", call_peak_bytes=100 * MiB))
+    [d2] = adm2.step(snap(active("a", 512 * MiB, peak=200 * MiB), margin=512 * MiB,
+                          calls=(500 * MiB, 300 * MiB)))
+    assert d2.verdict is Verdict.WAITING and d2.need_bytes == (512 + 256 + 800) * MiB
+    assert "running calls 800 MiB" in d2.reason
 
 
 def test_always_admits_when_nothing_is_live_but_the_next_one_waits() -> None:
@@ -176,6 +198,18 @@ def test_an_admitted_sandbox_counts_its_predicted_baseline_until_settled() -> No
     clock.t += 60.0
     adm.submit(SandboxRequest("e", "py"))
     assert adm.step(snap(budget=8 * GiB))[0].need_bytes == 512 * MiB
+
+
+def test_a_starting_sandbox_counts_only_the_baseline_it_has_yet_to_allocate() -> None:
+    """Memory it allocated and residency pushed out has arrived: it is not counted again."""
+    adm, _ = make()
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap())
+    adm.submit(SandboxRequest("b", "py"))
+    adm.step(snap(LiveSandbox("a", 200 * MiB, 0, None, 0), budget=MiB))  # b waits: a seen 200
+    # a's 200 MiB pushed out to 20: it pins 20 and has 56 MiB of its 256 MiB still to come
+    [d] = adm.step(snap(LiveSandbox("a", 20 * MiB, 0, None, 0), budget=MiB))
+    assert d.need_bytes == (20 + 56 + 256 + 256) * MiB
 
 
 def test_cancel_drops_a_waiting_create_and_duplicates_are_refused() -> None:
