@@ -7,7 +7,8 @@
 # EXECGATE_VM_PARALLEL=1: eager+swap and execgate REPEATS times (default 3) in one, the runc
 # baselines reserve and static-K (no execgated: they do not change with the policy) once in the
 # other. Then bench/repeats.py prints the median and spread per scheme into RESULTS_DIR/repeats.md
-# and bench/report.py renders the first repeat merged with the baselines.
+# and bench/report.py renders the first repeat merged with the baselines. BASELINES=0 skips
+# their boot (a policy change: the runc schemes' figures stand).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -36,7 +37,9 @@ boot() {  # boot NAME COMMAND: one VM run, its results in $out/NAME
 
 policy="for r in \$(seq $repeats); do python3 -m bench.replay sweep$quoted --schemes eager+swap,execgate --out \$EXECGATE_RESULTS/repeat-\$r || echo \"repeat \$r failed\"; done"
 baselines="python3 -m bench.replay sweep$quoted --schemes reserve,static --static-k 2,4 --out \$EXECGATE_RESULTS/baselines"
-if [[ ${EXECGATE_VM_PARALLEL:-0} == 1 ]]; then
+if [[ ${BASELINES:-1} == 0 ]]; then
+    boot policy "$policy"
+elif [[ ${EXECGATE_VM_PARALLEL:-0} == 1 ]]; then
     boot policy "$policy" & boot baselines "$baselines" & wait
 else
     boot policy "$policy"
