@@ -29,7 +29,7 @@ mkdir -p "$out"
 
 boot() {  # boot NAME COMMAND: one VM run, its results in $out/NAME
     local lock=/tmp/execgate-vm.lock
-    [[ ${EXECGATE_VM_PARALLEL:-0} == 1 ]] && lock=/tmp/execgate-vm-fleet-$1.lock
+    [[ ${EXECGATE_VM_PARALLEL:-0} == 1 ]] && lock=/tmp/execgate-vm-fleet-$mode-$1.lock
     EXECGATE_VM_LOCK=$lock EXECGATE_VM_TIMEOUT=${EXECGATE_VM_TIMEOUT:-9000} \
         EXECGATE_VM_CMD=$2 "$repo/tests/vm/run.sh" cmd "$out/$1" > "$out/$1.log" 2>&1 \
         || echo "fleet_results.sh: boot $1 failed (see $out/$1.log)" >&2
