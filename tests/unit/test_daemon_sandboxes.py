@@ -4,6 +4,7 @@ policy on a temp cgroupfs domain (container records, memory files), the runtime'
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import socket
@@ -239,6 +240,35 @@ def test_the_snapshot_counts_calls_by_charge_and_sandboxes_without_them(tmp_path
         assert box.sandbox_id == "a" and box.resident_bytes == 100 * MiB
         assert box.idle_s is None and box.next_call_peak_bytes == 40 * MiB
         assert list(snap.running_call_bytes) == [80 * MiB] and snap.other_bytes == 8 * MiB
+        conn.hung_up.set()
+        await asyncio.wait_for(task, 1)
+
+    asyncio.run(scenario())
+
+
+def test_the_snapshot_offers_swap_room_within_the_sandboxes_swap_max(tmp_path: Path) -> None:
+    """What swap can absorb of arriving baselines: the host's free swap (faked here: this host's
+    own is not the test's), within [residency] swap_max, at the configured bandwidth until
+    reclaims measured one."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        res = bed.engine.residency
+        res.swap_free = lambda: 900 * MiB  # type: ignore[method-assign]
+        bed.sandbox("a", 150 * MiB)
+        bed.engine.tick()
+        task, conn = await bed.start("new")
+        snap = bed.engine.sandboxes.last
+        assert snap is not None and snap.swap_free_bytes == 900 * MiB
+        assert snap.swap_out_bytes_per_s == 256 * MiB  # [headroom] swap_out_bytes_per_s
+        res.swap_out_rate = 5.0 * MiB  # reclaims here achieved 5 MiB/s
+        res.cfg = dataclasses.replace(res.cfg, swap_max=str(300 * MiB))
+        bed.engine.tick()
+        snap = bed.engine.sandboxes.last
+        assert snap is not None and snap.swap_free_bytes == 300 * MiB
+        assert snap.swap_out_bytes_per_s == 5.0 * MiB
+        res.cfg = dataclasses.replace(res.cfg, swap_max="0")
+        bed.engine.tick()
+        assert bed.engine.sandboxes.last.swap_free_bytes == 0  # type: ignore[union-attr]
         conn.hung_up.set()
         await asyncio.wait_for(task, 1)
 

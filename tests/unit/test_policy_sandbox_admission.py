@@ -212,6 +212,38 @@ def test_a_starting_sandbox_counts_only_the_baseline_it_has_yet_to_allocate() ->
     assert d.need_bytes == (20 + 56 + 256 + 256) * MiB
 
 
+def test_swap_absorbs_arriving_baselines_over_a_learned_start() -> None:
+    """With swap, a baseline needs room only for its arrival: what swap-out moves during a start
+    (its bandwidth over the measured start time, within swap's free room) is not counted."""
+    adm, clock = make()
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap())
+    adm.submit(SandboxRequest("b", "py"))
+    swap = {"swap_free_bytes": 1 * GiB, "swap_out_bytes_per_s": 10.0 * MiB}
+    tight = DomainSnapshot(700 * MiB, 0, (), (), 0, **swap)
+    # no start measured yet: a's and b's baselines count whole, with b's first call
+    [d] = adm.step(tight)
+    assert d.verdict is Verdict.WAITING and d.need_bytes == (256 + 256 + 256) * MiB
+    assert "swap absorbs 0 B" in d.reason
+    clock.t += 20.0
+    adm.settled("a")  # a took 20 s from admission to its first call
+    assert adm.snapshot()["start_s"] == 20.0
+    # now a is live and pushed out to 16 MiB (its memory can leave: reclaimable), and swap
+    # moves 10 MiB/s x 20 s = 200 MiB while b's baseline arrives
+    a = LiveSandbox("a", 16 * MiB, reclaimable_bytes=16 * MiB, idle_s=5.0)
+    [d] = adm.step(DomainSnapshot(512 * MiB, 0, (a,), (), 0, **swap))
+    assert d.verdict is Verdict.ADMITTED and d.need_bytes == (56 + 256) * MiB
+    assert "swap absorbs 200 MiB" in d.reason
+    # swap's free room bounds it, and without swap nothing is absorbed
+    adm.submit(SandboxRequest("c", "py"))
+    small = {"swap_free_bytes": 100 * MiB, "swap_out_bytes_per_s": 10.0 * MiB}
+    assert adm.absorbable(DomainSnapshot(GiB, 0, (), (), 0, **small)) == 100 * MiB
+    assert adm.absorbable(DomainSnapshot(GiB, 0)) == 0
+    # b (arriving 256) + c (256) - 100 absorbed = 412, + 256 one call
+    [d] = adm.step(DomainSnapshot(GiB, 0, (a,), (), 0, **small))
+    assert d.need_bytes == (412 + 256) * MiB
+
+
 def test_cancel_drops_a_waiting_create_and_duplicates_are_refused() -> None:
     adm, _ = make()
     adm.submit(SandboxRequest("a", "py"))
