@@ -311,6 +311,8 @@ class Sandboxes:
                     "budget": last.budget_bytes, "margin": last.margin_bytes,
                     "running_call_bytes": sum(last.running_call_bytes),
                     "other_bytes": last.other_bytes,
+                    "swap_free_bytes": last.swap_free_bytes,
+                    "swap_out_bytes_per_s": round(last.swap_out_bytes_per_s),
                     "sandboxes": {s.sandbox_id: {"resident": s.resident_bytes,
                                                  "reclaimable": s.reclaimable_bytes,
                                                  "cold": s.cold_bytes, "idle_s": s.idle_s,
