@@ -50,8 +50,14 @@ class Config:
     # A TTY call's exit is held (ptrace, runtime/exithold.py) until its note is on the terminal;
     # false frees the call's main process for a debugger inside the container (notes may race).
     tty_exit_hold: bool = True
-    # Problems met while loading, for the caller to report.
+    # Problems met while loading, for the caller to report, each "path:line: what": errors (a
+    # value refused, its default kept; an unreadable file) and warnings (a key or table that
+    # nothing reads, ignored).
     errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    # The file these settings were read from ("" when none was), for locating the tables'
+    # problems (daemon/settings.py).
+    path: str = ""
     # Sub-tables ([daemon], [pressure], [admission], ...) for the components that own them
     # ({} by default).
     tables: dict[str, dict[str, object]]
@@ -87,8 +93,13 @@ class Config:
 
 
 # The keys of config.toml's top level, in declaration order.
-SETTINGS = tuple(name for name in Config.__annotations__ if name not in ("errors", "tables"))
-_DEFAULTS = {name: getattr(Config, name) for name in (*SETTINGS, "errors")}
+_LOADED = ("errors", "warnings", "path")  # what loading adds beside the settings
+SETTINGS = tuple(name for name in Config.__annotations__ if name not in (*_LOADED, "tables"))
+_DEFAULTS = {name: getattr(Config, name) for name in (*SETTINGS, *_LOADED)}
+# The sub-tables, each read by its owner: the daemon's (daemon/settings.py) and install.sh's
+# [swap] (ctl/swap.py). Any other is reported as unknown (a misspelled table is not silent).
+TABLES = ("daemon", "pressure", "admission", "estimate", "growth", "inside", "residency",
+          "sandbox_admission", "headroom", "metrics", "swap")
 
 
 def _coerce(name: str, value: object, default: object) -> object:
@@ -113,32 +124,68 @@ def _coerce(name: str, value: object, default: object) -> object:
     return value
 
 
+def locate(text: str) -> dict[tuple[str, str], int]:
+    """Where each table and key of a TOML text is, for messages: (table, key) -> line (from
+    1); a table's header under (table, ""), top-level keys under ("", key). A line tomllib
+    reads but this does not (a dotted key, a key inside a multi-line string) is not found."""
+    import re
+
+    header = re.compile(r'\s*\[\s*([A-Za-z0-9_.\-" ]+?)\s*\]')
+    assignment = re.compile(r'\s*([A-Za-z0-9_\-]+|"[^"]*")\s*=')
+    lines: dict[tuple[str, str], int] = {}
+    table = ""
+    for n, line in enumerate(text.splitlines(), 1):
+        if m := header.match(line):
+            table = m.group(1).replace('"', "").replace(" ", "")
+            lines.setdefault((table, ""), n)
+        elif m := assignment.match(line):
+            lines.setdefault((table, m.group(1).strip('"')), n)
+    return lines
+
+
+def where(path: str, lines: dict[tuple[str, str], int], table: str, key: str = "") -> str:
+    """"path:line" of table's key (else of its header, else of the key an inline table is
+    under), or path alone when neither is found."""
+    line = lines.get((table, key)) or lines.get((table, "")) or lines.get(("", table))
+    return f"{path}:{line}" if line else path
+
+
 def _parse(path: str, text: bytes) -> Config:
     import tomllib
 
     try:
-        data = tomllib.loads(text.decode())
-    except ValueError as e:  # TOMLDecodeError, UnicodeDecodeError
-        return Config(errors=(f"{path}: {e}; using defaults",))
+        source = text.decode()
+        data = tomllib.loads(source)
+    except ValueError as e:  # TOMLDecodeError (its message has the line), UnicodeDecodeError
+        return Config(errors=(f"{path}: {e}; using defaults",), path=path)
     values: dict[str, object] = {}
     errors: list[str] = []
+    warnings: list[str] = []
     tables: dict[str, dict[str, object]] = {}
+    lines: dict[tuple[str, str], int] | None = None
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key not in SETTINGS:
             tables[key] = value
+            if key not in TABLES:
+                lines = lines or locate(source)
+                warnings.append(f"{where(path, lines, key)}: unknown table [{key}] ignored "
+                                f"(known: {', '.join(TABLES)})")
             continue
         if key not in SETTINGS:
-            errors.append(f"{path}: unknown key {key!r} ignored")
+            lines = lines or locate(source)
+            warnings.append(f"{where(path, lines, '', key)}: unknown key {key!r} ignored")
             continue
         try:
             values[key] = _coerce(key, value, _DEFAULTS[key])
         except ValueError as e:
-            errors.append(f"{path}: {e}; default kept")
-    return Config(**values, errors=tuple(errors), tables=tables)
+            lines = lines or locate(source)
+            errors.append(f"{where(path, lines, '', key)}: {e}; default kept")
+    return Config(**values, errors=tuple(errors), warnings=tuple(warnings), tables=tables,
+                  path=path)
 
 
 def load(path: str | None = None) -> Config:
-    """Load the config; problems are collected in Config.errors, never raised."""
+    """Load the config; problems are collected in Config.errors and .warnings, never raised."""
     return _load(path, None)
 
 
@@ -157,16 +204,27 @@ def _load(path: str | None, cache: str | None) -> Config:
             if cache and (key := _cache_key(path, st)):
                 cached = read_cache(cache, key)
                 if cached is not None:
+                    _front(cache, path, st, cached)
                     return cached
             text = f.read()
     except FileNotFoundError:
+        if cache:
+            _front(cache, path, None, Config())
         return Config()
     except OSError as e:
-        return Config(errors=(f"{path}: {e}; using defaults",))
+        return Config(errors=(f"{path}: {e}; using defaults",), path=path)
     cfg = _parse(path, text)
     if cache and key and _settled(st):
         write_cache(cache, key, cfg)
+        _front(cache, path, st, cfg)
     return cfg
+
+
+def _front(cache: str, path: str, st: os.stat_result | None, cfg: Config) -> None:
+    """The compiled front's copy of what it needs (common/frontconf.py), beside the cache."""
+    from execgate.common import frontconf
+
+    frontconf.write(frontconf.path_for(cache), path, st, cfg, (__file__,))
 
 
 # The cache: one marshal'd (key, settings) pair. The key names the config file by path, device,

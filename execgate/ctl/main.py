@@ -193,7 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     p_calls = sub.add_parser("calls", help="finished tool calls from the journal")
     p_calls.add_argument("-n", type=int, default=20, help="how many (default 20)")
     p_calls.add_argument("--json", action="store_true", help="one JSON object per line")
+    p_config = sub.add_parser("config", help="the config file")
+    p_check = p_config.add_subparsers(dest="config_cmd", required=True).add_parser(
+        "check", help="every error and warning at its line; exit 1 on an error")
+    p_check.add_argument("path", nargs="?", help="default: --config, else "
+                         "/etc/execgate/config.toml")
     args = parser.parse_args(argv)
+    if args.cmd == "config":
+        from . import config_check
+
+        return config_check.main(args.path or args.config)
     cfg = config_mod.load(args.config)
     for err in cfg.errors:
         print(f"execgatectl: {err}", file=sys.stderr)

@@ -339,6 +339,29 @@ def zram_mm_stat(host: Host, dev: str) -> dict[str, int] | None:
     return {"orig_data_size": f[0], "compr_data_size": f[1], "mem_used_total": f[2]}
 
 
+# [swap]'s keys (config.toml), read by `plan`.
+CONFIG_KEYS = {"mode": "auto", "size": DEFAULT_SIZE, "compressor": DEFAULT_COMPRESSOR}
+
+
+def table_problems(table: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """What is wrong with a [swap] table, as (key, text, is_error), for `execgatectl config
+    check` (install.sh reads it at `plan` and dies on a bad value)."""
+    out = []
+    for key, value in table.items():
+        if key not in CONFIG_KEYS:
+            out.append((key, f"[swap] unknown key {key!r} ignored", False))
+        elif key == "mode" and value not in MODES:
+            out.append((key, f"[swap] mode: {value!r} is not one of {', '.join(MODES)}", True))
+        elif key == "compressor" and not isinstance(value, str):
+            out.append((key, "[swap] compressor: must be a string", True))
+        elif key == "size":
+            try:
+                parse_size(value, 1 << 30)
+            except SwapError as e:
+                out.append((key, f"[swap] size: {e}", True))
+    return out
+
+
 def _config_table(path: str | None) -> dict[str, Any]:
     from execgate.common import config
 

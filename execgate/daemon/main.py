@@ -290,9 +290,9 @@ class Daemon:
 
 
 async def run(cfg: config_mod.Config) -> None:
-    settings, errors = settings_mod.load(cfg)
-    for err in errors:
-        log.warning("config: %s", err)
+    settings, problems = settings_mod.load(cfg)
+    for problem in problems:
+        log.log(logging.ERROR if problem.error else logging.WARNING, "config: %s", problem)
     engine = Engine(cfg, settings)
     learned = engine.warm_up()
     adopted = engine.rediscover()
@@ -340,7 +340,9 @@ def main() -> None:
                         format="%(levelname)s %(name)s: %(message)s")
     cfg = config_mod.load(args.config)
     for err in cfg.errors:
-        log.warning("%s", err)
+        log.error("config: %s", err)
+    for warning in cfg.warnings:
+        log.warning("config: %s", warning)
     if args.socket:
         cfg = config_mod.Config(**{**cfg.__dict__, "socket": args.socket})
     asyncio.run(run(cfg))

@@ -1,10 +1,10 @@
 """The daemon's tunables: config.toml's [daemon], [pressure], [admission], [estimate], [growth],
-[inside], [residency], [sandbox_admission] and [headroom] tables mapped onto the policy
-dataclasses, with sizes written the way hints write them ("512m").
+[inside], [residency], [sandbox_admission], [headroom] and [metrics] tables mapped onto the
+policy dataclasses, with sizes written the way hints write them ("512m").
 
-A bad value never stops the daemon: it keeps the default and the error is logged. So does a
-deprecated key (DEPRECATED): it is read under its new name, with a warning, while the new one is
-not set.
+A bad value never stops the daemon: that key keeps its default (the rest of its table is read)
+and the error is logged, at the file's line. An unknown key is a warning; so is a deprecated
+key (DEPRECATED): it is read under its new name while the new one is not set.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from execgate.cgroups import container
+from execgate.common import config as config_mod
 from execgate.common.config import Config
 from execgate.common.hints import parse_size
 from execgate.policy.admission import AdmissionConfig
@@ -89,6 +90,21 @@ class InsideConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """[metrics]: the Prometheus endpoint (daemon/metrics.py)."""
+
+    # Where /metrics is served: "" (off), "127.0.0.1:9477" (TCP: a host and port; a non-loopback
+    # host is the operator's choice), or an absolute path (a unix socket, mode 0660).
+    listen: str = ""
+
+    def __post_init__(self) -> None:
+        if self.listen and not self.listen.startswith("/"):
+            host, sep, port = self.listen.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"listen {self.listen!r} is not host:port or a socket path")
+
+
+@dataclass(frozen=True)
 class Settings:
     daemon: DaemonConfig
     pressure: PressureConfig
@@ -99,6 +115,53 @@ class Settings:
     residency: ResidencyConfig = dataclasses.field(default_factory=ResidencyConfig)
     sandboxes: SandboxAdmissionConfig = dataclasses.field(default_factory=SandboxAdmissionConfig)
     headroom: HeadroomConfig = dataclasses.field(default_factory=HeadroomConfig)
+    metrics: MetricsConfig = MetricsConfig()
+
+
+# config.toml's daemon tables and the dataclass each one fills.
+TABLES: dict[str, type] = {
+    "daemon": DaemonConfig, "pressure": PressureConfig, "admission": AdmissionConfig,
+    "estimate": EstimateConfig, "growth": GrowthConfig, "inside": InsideConfig,
+    "residency": ResidencyConfig, "sandbox_admission": SandboxAdmissionConfig,
+    "headroom": HeadroomConfig, "metrics": MetricsConfig,
+}
+
+
+class Problem(str):
+    """One config problem as it is logged: "[table] key: what", after "path:line: " when the
+    config came from a file. `error`: a value was refused and its default kept (`execgatectl
+    config check` fails); else a warning (a key nothing reads, or a deprecated one)."""
+
+    error: bool
+
+    def __new__(cls, text: str, error: bool = True) -> Problem:
+        self = super().__new__(cls, text)
+        self.error = error
+        return self
+
+
+class Report:
+    """Problems as they are met, by (table, key); located in the file once, at the end."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, str, str, bool]] = []
+
+    def error(self, table: str, key: str, text: str) -> None:
+        self.found.append((table, key, text, True))
+
+    def warn(self, table: str, key: str, text: str) -> None:
+        self.found.append((table, key, text, False))
+
+    def problems(self, path: str) -> list[Problem]:
+        lines: dict[tuple[str, str], int] = {}
+        if path and self.found:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines = config_mod.locate(f.read())
+            except OSError:
+                pass
+        return [Problem(f"{config_mod.where(path, lines, table, key)}: {text}" if path else text,
+                        error) for table, key, text, error in self.found]
 
 
 def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
@@ -129,7 +192,7 @@ def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
     return value
 
 
-def from_table(cls: type[T], table: dict[str, Any], section: str, errors: list[str]) -> T:
+def from_table(cls: type[T], table: dict[str, Any], section: str, report: Report) -> T:
     """Build cls from a TOML table, keeping the default for every key that is wrong."""
     defaults = cls()
     values: dict[str, Any] = {}
@@ -137,17 +200,39 @@ def from_table(cls: type[T], table: dict[str, Any], section: str, errors: list[s
     for key, value in table.items():
         f = fields.get(key)
         if f is None:
-            errors.append(f"[{section}] unknown key {key!r} ignored")
+            report.warn(section, key, f"[{section}] unknown key {key!r} ignored")
             continue
         try:
             values[key] = _coerce(key, value, getattr(defaults, key), str(f.type))
         except ValueError as e:
-            errors.append(f"[{section}] {key}: {e}; default kept")
+            report.error(section, key, f"[{section}] {key}: {e}; default kept")
     try:
         return cls(**values)
-    except ValueError as e:
-        errors.append(f"[{section}] {e}; defaults used for the whole table")
-        return defaults
+    except ValueError:
+        return _valid_part(cls, values, section, report)
+
+
+def _valid_part(cls: type[T], values: dict[str, Any], section: str, report: Report) -> T:
+    """cls from the values its own checks (__post_init__) accept, adding one key at a time
+    until no more fits (so `max_hold_s = 2` waits for the `overdue_after_s = 1.5` written after
+    it); each key left out keeps its default, with the check's error."""
+    kept: dict[str, Any] = {}
+    pending = dict(values)
+    why: dict[str, str] = {}
+    while pending:
+        for key, value in list(pending.items()):
+            try:
+                cls(**kept, **{key: value})
+            except ValueError as e:
+                why[key] = str(e)
+                continue
+            kept[key] = pending.pop(key)
+            break
+        else:
+            break
+    for key in pending:
+        report.error(section, key, f"[{section}] {key}: {why[key]}; default kept")
+    return cls(**kept)
 
 
 # Old key -> the key it became, as (table, key). A deprecated key is still read while the new one
@@ -163,7 +248,7 @@ DEPRECATED: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
-def _renamed(tables: dict[str, dict[str, Any]], errors: list[str]) -> None:
+def _renamed(tables: dict[str, dict[str, Any]], report: Report) -> None:
     """Move each deprecated key in `tables` (copies, edited in place) to its new name."""
     for (old_table, old_key), (new_table, new_key) in DEPRECATED.items():
         old = tables.get(old_table)
@@ -172,12 +257,12 @@ def _renamed(tables: dict[str, dict[str, Any]], errors: list[str]) -> None:
         value = old.pop(old_key)
         new = tables.setdefault(new_table, {})
         if new_key in new:
-            errors.append(f"[{old_table}] {old_key} is deprecated and ignored: "
-                          f"[{new_table}] {new_key} is set")
+            report.warn(old_table, old_key, f"[{old_table}] {old_key} is deprecated and "
+                        f"ignored: [{new_table}] {new_key} is set")
         else:
             new[new_key] = value
-            errors.append(f"[{old_table}] {old_key} is deprecated: read as "
-                          f"[{new_table}] {new_key}; rename it")
+            report.warn(old_table, old_key, f"[{old_table}] {old_key} is deprecated: read as "
+                        f"[{new_table}] {new_key}; rename it")
 
 
 INSIDE_RULES = ("child", "first-exec")
@@ -185,32 +270,30 @@ INSIDE_FREEZE = ("queued", "always")
 INSIDE_SOURCES = ("auto", "bpf", "connector")
 
 
-def _inside(table: dict[str, Any], errors: list[str]) -> InsideConfig:
-    inside = from_table(InsideConfig, table, "inside", errors)
+def _inside(table: dict[str, Any], report: Report) -> InsideConfig:
+    inside = from_table(InsideConfig, table, "inside", report)
     fixes: dict[str, Any] = {}
+
+    def refuse(key: str, text: str, default: Any) -> None:
+        report.error("inside", key, f"[inside] {key}: {text}")
+        fixes[key] = default
+
     if inside.rule not in INSIDE_RULES:
-        errors.append(f"[inside] rule: {inside.rule!r} is not child or first-exec; child used")
-        fixes["rule"] = "child"
+        refuse("rule", f"{inside.rule!r} is not child or first-exec; child used", "child")
     if inside.source not in INSIDE_SOURCES:
-        errors.append(f"[inside] source: {inside.source!r} is not auto, bpf or connector; "
-                      "auto used")
-        fixes["source"] = "auto"
+        refuse("source", f"{inside.source!r} is not auto, bpf or connector; auto used", "auto")
     if inside.freeze not in INSIDE_FREEZE:
-        errors.append(f"[inside] freeze: {inside.freeze!r} is not queued or always; queued used")
-        fixes["freeze"] = "queued"
+        refuse("freeze", f"{inside.freeze!r} is not queued or always; queued used", "queued")
     if not 0 <= inside.spares <= 8:
-        errors.append(f"[inside] spares: {inside.spares} is not 0..8; 1 used")
-        fixes["spares"] = 1
+        refuse("spares", f"{inside.spares} is not 0..8; 1 used", 1)
     if not 0 <= inside.place_after_ms <= 1000:
-        errors.append(f"[inside] place_after_ms: {inside.place_after_ms} is not 0..1000; 5 used")
-        fixes["place_after_ms"] = 5.0
+        refuse("place_after_ms", f"{inside.place_after_ms} is not 0..1000; 5 used", 5.0)
     if not 0.05 <= inside.scan_period_s <= 60:
-        errors.append(f"[inside] scan_period_s: {inside.scan_period_s} is not 0.05..60; 0.5 used")
-        fixes["scan_period_s"] = 0.5
+        refuse("scan_period_s", f"{inside.scan_period_s} is not 0.05..60; 0.5 used", 0.5)
     return dataclasses.replace(inside, **fixes) if fixes else inside
 
 
-def _residency(table: dict[str, Any], errors: list[str]) -> ResidencyConfig:
+def _residency(table: dict[str, Any], report: Report) -> ResidencyConfig:
     """[residency]; swap_max is the runtime's to write (runtime/start.py), checked here too so a
     bad value is in the daemon's log at start, and kept as memory.swap.max spells it."""
     table = dict(table)
@@ -218,42 +301,55 @@ def _residency(table: dict[str, Any], errors: list[str]) -> ResidencyConfig:
         try:
             table["swap_max"] = container.swap_max_value(table["swap_max"]) or ""
         except ValueError as e:
-            errors.append(f"[residency] swap_max: {e}; the runtime writes nothing")
+            report.error("residency", "swap_max",
+                         f"[residency] swap_max: {e}; the runtime writes nothing")
             table["swap_max"] = ""
-    return from_table(ResidencyConfig, table, "residency", errors)
+    return from_table(ResidencyConfig, table, "residency", report)
 
 
-def load(cfg: Config) -> tuple[Settings, list[str]]:
-    errors: list[str] = []
+# [daemon]'s words and how the error spells them; the first is used for a value that is none.
+DAEMON_CHOICES = {
+    "gate": (("auto", "sched_ext", "freeze", "off"), "auto, sched_ext, freeze or off"),
+    "probes": (("auto", "on", "off"), "true, false or auto"),
+}
+
+
+def _daemon(table: dict[str, Any], report: Report) -> DaemonConfig:
+    table = dict(table)
+    if isinstance(table.get("probes"), bool):  # probes = true|false|"auto"
+        table["probes"] = "on" if table["probes"] else "off"
+    daemon = from_table(DaemonConfig, table, "daemon", report)
+    fixes = {}
+    for key, (words, spelled) in DAEMON_CHOICES.items():
+        value = getattr(daemon, key)
+        if value not in words:
+            report.error("daemon", key, f"[daemon] {key}: {value!r} is not {spelled}; "
+                         f"{words[0]} used")
+            fixes[key] = words[0]
+    return dataclasses.replace(daemon, **fixes) if fixes else daemon
+
+
+def load(cfg: Config) -> tuple[Settings, list[Problem]]:
+    """The Settings of cfg's tables, and their problems (errors and warnings, located in
+    cfg.path when it has one); never raises."""
+    report = Report()
     tables = {name: dict(t) for name, t in cfg.tables.items() if isinstance(t, dict)}
-    _renamed(tables, errors)
+    _renamed(tables, report)
 
     def table(name: str) -> dict[str, Any]:
         return tables.get(name) or {}
 
-    daemon = table("daemon")
-    if isinstance(daemon.get("probes"), bool):  # probes = true|false|"auto"
-        daemon["probes"] = "on" if daemon["probes"] else "off"
     settings = Settings(
-        daemon=from_table(DaemonConfig, daemon, "daemon", errors),
-        pressure=from_table(PressureConfig, table("pressure"), "pressure", errors),
-        admission=from_table(AdmissionConfig, table("admission"), "admission", errors),
-        estimate=from_table(EstimateConfig, table("estimate"), "estimate", errors),
-        growth=from_table(GrowthConfig, table("growth"), "growth", errors),
-        inside=_inside(table("inside"), errors),
-        residency=_residency(table("residency"), errors),
+        daemon=_daemon(table("daemon"), report),
+        pressure=from_table(PressureConfig, table("pressure"), "pressure", report),
+        admission=from_table(AdmissionConfig, table("admission"), "admission", report),
+        estimate=from_table(EstimateConfig, table("estimate"), "estimate", report),
+        growth=from_table(GrowthConfig, table("growth"), "growth", report),
+        inside=_inside(table("inside"), report),
+        residency=_residency(table("residency"), report),
         sandboxes=from_table(SandboxAdmissionConfig, table("sandbox_admission"),
-                             "sandbox_admission", errors),
-        headroom=from_table(HeadroomConfig, table("headroom"), "headroom", errors),
+                             "sandbox_admission", report),
+        headroom=from_table(HeadroomConfig, table("headroom"), "headroom", report),
+        metrics=from_table(MetricsConfig, table("metrics"), "metrics", report),
     )
-    if settings.daemon.gate not in ("auto", "sched_ext", "freeze", "off"):
-        errors.append(f"[daemon] gate: {settings.daemon.gate!r} is not auto, sched_ext, freeze "
-                      "or off; auto used")
-        settings = dataclasses.replace(
-            settings, daemon=dataclasses.replace(settings.daemon, gate="auto"))
-    if settings.daemon.probes not in ("auto", "on", "off"):
-        errors.append(f"[daemon] probes: {settings.daemon.probes!r} is not true, false or auto; "
-                      "auto used")
-        settings = dataclasses.replace(
-            settings, daemon=dataclasses.replace(settings.daemon, probes="auto"))
-    return settings, errors
+    return settings, report.problems(cfg.path)
