@@ -19,6 +19,9 @@ CACHE_PATH = "/run/execgate/config.cache"
 # A config file changed this recently may change again within the same timestamp tick (the
 # kernel's file times are coarse), unseen by the cache key: it is not cached until it settles.
 SETTLE_NS = 2_000_000_000
+# The end of the one error that means the whole file was not read (it did not parse, or could
+# not be opened): every setting is its default.
+UNREAD = "; using defaults"
 
 
 class Config:
@@ -55,8 +58,8 @@ class Config:
     # nothing reads, ignored).
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-    # The file these settings were read from ("" when none was), for locating the tables'
-    # problems (daemon/settings.py).
+    # The file these settings were read from, or looked for ("" for built-in defaults): where
+    # the tables' problems are located (daemon/settings.py) and a reload reads.
     path: str = ""
     # Sub-tables ([daemon], [pressure], [admission], ...) for the components that own them
     # ({} by default).
@@ -157,7 +160,7 @@ def _parse(path: str, text: bytes) -> Config:
         source = text.decode()
         data = tomllib.loads(source)
     except ValueError as e:  # TOMLDecodeError (its message has the line), UnicodeDecodeError
-        return Config(errors=(f"{path}: {e}; using defaults",), path=path)
+        return Config(errors=(f"{path}: {e}{UNREAD}",), path=path)
     values: dict[str, object] = {}
     errors: list[str] = []
     warnings: list[str] = []
@@ -204,27 +207,16 @@ def _load(path: str | None, cache: str | None) -> Config:
             if cache and (key := _cache_key(path, st)):
                 cached = read_cache(cache, key)
                 if cached is not None:
-                    _front(cache, path, st, cached)
                     return cached
             text = f.read()
     except FileNotFoundError:
-        if cache:
-            _front(cache, path, None, Config())
-        return Config()
+        return Config(path=path)
     except OSError as e:
-        return Config(errors=(f"{path}: {e}; using defaults",), path=path)
+        return Config(errors=(f"{path}: {e}{UNREAD}",), path=path)
     cfg = _parse(path, text)
     if cache and key and _settled(st):
         write_cache(cache, key, cfg)
-        _front(cache, path, st, cfg)
     return cfg
-
-
-def _front(cache: str, path: str, st: os.stat_result | None, cfg: Config) -> None:
-    """The compiled front's copy of what it needs (common/frontconf.py), beside the cache."""
-    from execgate.common import frontconf
-
-    frontconf.write(frontconf.path_for(cache), path, st, cfg, (__file__,))
 
 
 # The cache: one marshal'd (key, settings) pair. The key names the config file by path, device,
