@@ -27,6 +27,7 @@ from . import settings as settings_mod
 from . import status
 from .engine import Engine
 from .inside.agents import InsideAgents
+from .reload import Reloader
 from .sandboxes import within
 from .server import Conn, Server
 
@@ -141,6 +142,7 @@ class Daemon:
         self.engine = engine
         self.index = records.ContainerIndex(cfg.state_dir)
         self.inside: InsideAgents | None = None  # set once it listens
+        self.reloader = Reloader(cfg, engine)  # SIGHUP
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox}
@@ -171,6 +173,7 @@ class Daemon:
         snap["daemon"] = self.engine.snapshot()
         if self.inside is not None:
             snap["daemon"]["inside"] = self.inside.snapshot()
+        snap["daemon"]["config"] = self.reloader.snapshot()
         return protocol.reply(True, status=snap, pid=os.getpid())
 
     async def op_admit(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
@@ -316,8 +319,15 @@ async def run(cfg: config_mod.Config) -> None:
         stop.set()
         engine.wake.set()
 
+    def on_hangup() -> None:
+        try:
+            daemon.reloader()
+        except Exception:  # a reload never takes the daemon down
+            log.exception("reload failed; the running settings are kept")
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     sd_notify("READY=1")
     await daemon.control_loop(stop)
     sd_notify("STOPPING=1")

@@ -133,10 +133,12 @@ class Problem(str):
     config check` fails); else a warning (a key nothing reads, or a deprecated one)."""
 
     error: bool
+    table: str  # where: the table and key ("" for a whole table)
+    key: str
 
-    def __new__(cls, text: str, error: bool = True) -> Problem:
+    def __new__(cls, text: str, error: bool = True, table: str = "", key: str = "") -> Problem:
         self = super().__new__(cls, text)
-        self.error = error
+        self.error, self.table, self.key = error, table, key
         return self
 
 
@@ -161,7 +163,7 @@ class Report:
             except OSError:
                 pass
         return [Problem(f"{config_mod.where(path, lines, table, key)}: {text}" if path else text,
-                        error) for table, key, text, error in self.found]
+                        error, table, key) for table, key, text, error in self.found]
 
 
 def _coerce(name: str, value: Any, default: Any, hint: str) -> Any:
