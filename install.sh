@@ -130,10 +130,24 @@ if [[ ! -x $prefix/bin/python ]]; then
 fi
 "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$src" \
     || die "pip install failed"
-# The runtime runs on every call Docker makes: its entry point starts Python isolated and without
-# site, the venv's site-packages put on sys.path explicitly (runtime/launcher.py), over pip's.
-"$prefix/bin/python" -m execgate.runtime.launcher "$prefix/bin/execgate" \
-    || say "warning: kept pip's entry point for execgate (slower start-up)"
+# The runtime runs on every call Docker makes. Its Python entry point (execgate-py) starts Python
+# isolated and without site, the venv's site-packages put on sys.path explicitly
+# (runtime/launcher.py); a compiled front (runtime/front.c), installed as execgate, execve()s the
+# real runtime for every call with nothing to do and starts execgate-py only for the rest.
+# Without a C compiler, execgate is the Python entry point itself.
+py_entry=$prefix/bin/execgate-py
+if ! "$prefix/bin/python" -m execgate.runtime.launcher "$py_entry"; then
+    say "warning: execgate-py is a plain entry point (slower start-up)"
+    printf '#!%s\n# execgate.runtime.main, as pip writes it\nimport sys\nfrom execgate.runtime.main import main\nsys.exit(main())\n' \
+        "$prefix/bin/python" >"$py_entry.tmp" && chmod 0755 "$py_entry.tmp" && mv -f "$py_entry.tmp" "$py_entry"
+fi
+if "$prefix/bin/python" -m execgate.runtime.front build "$prefix/bin/execgate" "$py_entry" \
+        >/dev/null 2>"$prefix/front-build.log"; then
+    say "built the runtime's compiled front: Python starts only for calls with work to do"
+else
+    say "warning: no compiled front (see $prefix/front-build.log): every runtime call starts Python"
+    install -m 0755 "$py_entry" "$prefix/bin/execgate"
+fi
 install -m 0644 "$src/README.md" "$prefix/README.md"
 for c in "${commands[@]}"; do
     ln -sfn "$prefix/bin/$c" "$bindir/$c"

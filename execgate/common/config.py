@@ -207,16 +207,27 @@ def _load(path: str | None, cache: str | None) -> Config:
             if cache and (key := _cache_key(path, st)):
                 cached = read_cache(cache, key)
                 if cached is not None:
+                    _front(cache, path, st, cached)
                     return cached
             text = f.read()
     except FileNotFoundError:
+        if cache:
+            _front(cache, path, None, Config())
         return Config(path=path)
     except OSError as e:
         return Config(errors=(f"{path}: {e}{UNREAD}",), path=path)
     cfg = _parse(path, text)
     if cache and key and _settled(st):
         write_cache(cache, key, cfg)
+        _front(cache, path, st, cfg)
     return cfg
+
+
+def _front(cache: str, path: str, st: os.stat_result | None, cfg: Config) -> None:
+    """The compiled front's copy of what it needs (common/frontconf.py), beside the cache."""
+    from execgate.common import frontconf
+
+    frontconf.write(frontconf.path_for(cache), path, st, cfg, (__file__,))
 
 
 # The cache: one marshal'd (key, settings) pair. The key names the config file by path, device,
@@ -263,9 +274,14 @@ def write_cache(cache: str, key: tuple[object, ...], cfg: Config) -> None:
         blob = marshal.dumps((key, cfg.__dict__))
     except ValueError:
         return  # a value marshal cannot hold (a TOML date in a table): not cached
-    tmp = f"{cache}.{os.getpid()}.tmp"
+    replace_file(cache, blob)
+
+
+def replace_file(path: str, blob: bytes) -> None:
+    """Write path atomically (mode 0600: a reader sees the old file or the new); best effort."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        os.makedirs(os.path.dirname(cache), mode=0o755, exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             view = memoryview(blob)
@@ -273,7 +289,7 @@ def write_cache(cache: str, key: tuple[object, ...], cfg: Config) -> None:
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        os.replace(tmp, cache)
+        os.replace(tmp, path)
     except OSError:
         try:
             os.unlink(tmp)

@@ -1,0 +1,663 @@
+/*
+ * execgate's compiled front: the installed `execgate`, the OCI runtime engines call.
+ *
+ * Like NVIDIA's container runtime it does only what it must: a call with nothing for execgate to
+ * do is execve()d to the real runtime (runc, crun) at once, the way the Python runtime
+ * (runtime/main.py) would, and only a call with work to do starts Python: it execve()s the
+ * Python entry point (EXECGATE_PYTHON, runtime/launcher.py's script) with the same argv and
+ * environment. When in doubt it never guesses: any flag it does not know, a config it has no
+ * current copy of, a record it cannot read, a runtime it cannot find -> Python, which decides.
+ *
+ * What it passes through, decided as runtime/main.py and its handlers decide:
+ *   - every subcommand but create, start, exec, kill, delete (and all of them when
+ *     per_exec_cgroups is false), and no subcommand at all (`--version` prints execgate's two
+ *     lines first, as main.print_version does);
+ *   - start, exec, kill of a container without a record, or whose record (written by
+ *     runtime/create.py: <state_dir>/containers/<id>.json) says "managed": false; start also of
+ *     one already "prepared"; delete of a container without a record.
+ * create always goes to Python.
+ *
+ * The config: this program never reads config.toml. The Python runtime writes what the front
+ * needs, resolved (common/frontconf.py: FRONT_CONF, beside its config cache, in tmpfs), with the
+ * stat of the config file and of the modules that resolved it. The front uses it only while
+ * those still match and the file is ours (owner, mode); else Python runs, and writes it again.
+ * The config file's path is found as config.py finds it: $EXECGATE_CONFIG, else DEFAULT_CONFIG.
+ * The real runtime is found as oci/runc.py's find() does: each candidate, a path as is or a name
+ * looked up in $PATH then SEARCH_PATH, the first executable that is not execgate itself (its
+ * own file, `execgate` on $PATH, or a script naming execgate.runtime in its first 512 bytes);
+ * its environment gets LOOP_MARKER=1, and a call that already has it goes to Python (a loop).
+ *
+ * Build: `python -m execgate.runtime.front build OUT PYTHON_ENTRY` (install.sh), which passes the
+ * constants above from the Python side as -D definitions.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if !defined(EXECGATE_PYTHON) || !defined(FRONT_CONF) || !defined(FRONT_FORMAT) || \
+	!defined(DEFAULT_CONFIG) || !defined(SEARCH_PATH) || !defined(LOOP_MARKER)
+#error "built by execgate/runtime/front.py, which defines the paths"
+#endif
+
+#define MAX_RUNTIMES 16
+#define MAX_RECORD (1 << 20)
+#define MAX_DEPTH 64
+
+extern char **environ;
+
+static char **args; /* our argv */
+
+/* ---- the two ways out ---------------------------------------------------------------------- */
+
+/* Start Python with our argv and environment: it decides everything we did not. */
+static void __attribute__((noreturn)) python(void)
+{
+	struct stat self, entry;
+
+	/* A front installed as its own fallback would exec itself for ever. */
+	if (stat("/proc/self/exe", &self) == 0 && stat(EXECGATE_PYTHON, &entry) == 0 &&
+	    self.st_dev == entry.st_dev && self.st_ino == entry.st_ino) {
+		dprintf(2, "execgate: %s is this front, not the Python runtime (reinstall)\n",
+			EXECGATE_PYTHON);
+		_exit(1);
+	}
+	args[0] = EXECGATE_PYTHON;
+	execve(EXECGATE_PYTHON, args, environ);
+	dprintf(2, "execgate: cannot start %s: %s\n", EXECGATE_PYTHON, strerror(errno));
+	_exit(127);
+}
+
+/* Become the real runtime, as runc.execve(): argv[0] its path, our environment + LOOP_MARKER=1. */
+static void __attribute__((noreturn)) runtime(const char *real)
+{
+	static const char marker[] = LOOP_MARKER "=1";
+	size_t n = 0, out = 0, klen = strlen(LOOP_MARKER);
+	int placed = 0;
+
+	while (environ[n])
+		n++;
+	char **env = calloc(n + 2, sizeof(*env));
+	if (!env)
+		python();
+	for (size_t i = 0; i < n; i++) {
+		if (!strncmp(environ[i], LOOP_MARKER, klen) && environ[i][klen] == '=') {
+			if (!placed)
+				env[out++] = (char *)marker; /* replaced where it was, as a dict does */
+			placed = 1;
+			continue;
+		}
+		env[out++] = environ[i];
+	}
+	if (!placed)
+		env[out++] = (char *)marker;
+	env[out] = NULL;
+	args[0] = (char *)real;
+	execve(real, args, env);
+	python(); /* runc.execve would have raised: Python reports it */
+}
+
+/* ---- the front file (common/frontconf.py) -------------------------------------------------- */
+
+struct front {
+	const char *version, *state_dir;
+	int per_exec_cgroups;
+	const char *runtimes[MAX_RUNTIMES];
+	int nruntimes;
+};
+
+/* "dev ino size mtime_ns ctime_ns path": does path's stat (following links, as Python's open
+ * and os.stat do) still say that? */
+static int stat_matches(const char *fields, const char **path_out)
+{
+	unsigned long long want[5];
+	const char *p = fields;
+	char *end;
+	struct stat st;
+
+	for (int i = 0; i < 5; i++) {
+		if (*p < '0' || *p > '9')
+			return 0;
+		errno = 0;
+		want[i] = strtoull(p, &end, 10);
+		if (errno || *end != ' ')
+			return 0;
+		p = end + 1;
+	}
+	*path_out = p;
+	if (stat(p, &st) != 0)
+		return 0;
+	unsigned long long mtime = (unsigned long long)st.st_mtim.tv_sec * 1000000000ULL +
+				   (unsigned long long)st.st_mtim.tv_nsec;
+	unsigned long long ctime = (unsigned long long)st.st_ctim.tv_sec * 1000000000ULL +
+				   (unsigned long long)st.st_ctim.tv_nsec;
+	return want[0] == (unsigned long long)st.st_dev && want[1] == (unsigned long long)st.st_ino &&
+	       want[2] == (unsigned long long)st.st_size && want[3] == mtime && want[4] == ctime;
+}
+
+/* Read the front file into f; 0 when it is missing, not ours, stale or not understood. */
+static int load_front(struct front *f, const char *config_path)
+{
+	static char buf[65536];
+	struct stat st;
+	ssize_t len = 0, r;
+	int fd = open(FRONT_CONF, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & 022)) {
+		close(fd);
+		return 0;
+	}
+	while ((r = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+		len += r;
+	close(fd);
+	if (r < 0 || len == (ssize_t)sizeof(buf) - 1 || memchr(buf, '\0', len))
+		return 0;
+	buf[len] = '\0';
+
+	int config_seen = 0, code_seen = 0, ended = 0, per_exec = -1;
+	char *line = buf, *nl;
+	memset(f, 0, sizeof(*f));
+	if (!(nl = strchr(line, '\n')))
+		return 0;
+	*nl = '\0';
+	if (strcmp(line, FRONT_FORMAT))
+		return 0;
+	for (line = nl + 1; *line; line = nl + 1) {
+		if (ended || !(nl = strchr(line, '\n')))
+			return 0; /* something after "end", or a line cut short */
+		*nl = '\0';
+		char *value = strchr(line, ' ');
+		if (!strcmp(line, "end")) {
+			ended = 1;
+			continue;
+		}
+		if (!value)
+			return 0;
+		*value++ = '\0';
+		if (!strcmp(line, "config")) {
+			const char *path;
+			if (!strncmp(value, "- ", 2)) { /* recorded as absent: it must still be */
+				struct stat cst;
+				if (strcmp(value + 2, config_path) ||
+				    !(stat(config_path, &cst) != 0 && errno == ENOENT))
+					return 0;
+			} else if (!stat_matches(value, &path) || strcmp(path, config_path)) {
+				return 0;
+			}
+			config_seen = 1;
+		} else if (!strcmp(line, "code")) {
+			const char *path;
+			if (!stat_matches(value, &path))
+				return 0;
+			code_seen = 1;
+		} else if (!strcmp(line, "version")) {
+			f->version = value;
+		} else if (!strcmp(line, "state_dir")) {
+			f->state_dir = value;
+		} else if (!strcmp(line, "per_exec_cgroups")) {
+			if (strcmp(value, "0") && strcmp(value, "1"))
+				return 0;
+			per_exec = value[0] == '1';
+		} else if (!strcmp(line, "runtime")) {
+			if (f->nruntimes == MAX_RUNTIMES || !*value)
+				return 0;
+			f->runtimes[f->nruntimes++] = value;
+		} else {
+			return 0; /* a newer Python side: it knows better */
+		}
+	}
+	if (!ended || !config_seen || !code_seen || !f->version || !f->state_dir ||
+	    !*f->state_dir || per_exec < 0 || !f->nruntimes)
+		return 0;
+	f->per_exec_cgroups = per_exec;
+	return 1;
+}
+
+/* ---- finding the real runtime (oci/runc.py) ------------------------------------------------ */
+
+/* runc.which(): the first executable non-directory called name in the ':'-separated dirs. */
+static int which(const char *name, const char *dirs, char *out)
+{
+	const char *d = dirs;
+	struct stat st;
+
+	for (;;) {
+		const char *colon = strchrnul(d, ':');
+		int n = (int)(colon - d);
+		int len;
+		if (n == 0) /* os.path.join("", name) is name: relative to the cwd */
+			len = snprintf(out, PATH_MAX, "%s", name);
+		else if (d[n - 1] == '/')
+			len = snprintf(out, PATH_MAX, "%.*s%s", n, d, name);
+		else
+			len = snprintf(out, PATH_MAX, "%.*s/%s", n, d, name);
+		if (len > 0 && len < PATH_MAX && access(out, X_OK) == 0 &&
+		    !(stat(out, &st) == 0 && S_ISDIR(st.st_mode)))
+			return 1;
+		if (!*colon)
+			return 0;
+		d = colon + 1;
+	}
+}
+
+/* runc._is_execgate(): this program, `execgate` on $PATH, or a script of execgate's. */
+static int is_execgate(const char *path)
+{
+	char real[PATH_MAX], own[PATH_MAX], found[PATH_MAX], head[513];
+	const char *env_path = getenv("PATH");
+
+	if (!realpath(path, real))
+		return -1;
+	if (realpath("/proc/self/exe", own) && !strcmp(real, own))
+		return 1;
+	if (realpath(EXECGATE_PYTHON, own) && !strcmp(real, own))
+		return 1;
+	if (!env_path)
+		env_path = ":/bin:/usr/bin"; /* os.defpath */
+	if (*env_path && which("execgate", env_path, found) && realpath(found, own) &&
+	    !strcmp(real, own))
+		return 1;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = 0, r;
+	while (n < 512 && (r = read(fd, head + n, 512 - n)) > 0)
+		n += r;
+	close(fd);
+	return n >= 2 && head[0] == '#' && head[1] == '!' &&
+	       memmem(head, n, "execgate.runtime", 16) != NULL;
+}
+
+/* runc.find(): the first candidate that exists, is executable and is not execgate. */
+static int find_runtime(const struct front *f, char *out)
+{
+	static char search[65536];
+	const char *env_path = getenv("PATH");
+	struct stat st;
+
+	if (snprintf(search, sizeof(search), "%s:%s", env_path ? env_path : "", SEARCH_PATH) >=
+	    (int)sizeof(search))
+		return 0;
+	for (int i = 0; i < f->nruntimes; i++) {
+		const char *cand = f->runtimes[i];
+		if (strchr(cand, '/')) {
+			if (strlen(cand) >= PATH_MAX)
+				return 0;
+			strcpy(out, cand);
+		} else if (!which(cand, search, out)) {
+			continue;
+		}
+		if (access(out, X_OK) != 0 || (stat(out, &st) == 0 && S_ISDIR(st.st_mode)))
+			continue;
+		int self = is_execgate(out);
+		if (self < 0)
+			return 0;
+		if (!self)
+			return 1;
+	}
+	return 0; /* none: Python falls back to the defaults, or reports it */
+}
+
+/* ---- runc's command line (oci/cli.py) ------------------------------------------------------ */
+
+static int in(const char *name, size_t len, const char *const *set)
+{
+	for (; *set; set++)
+		if (strlen(*set) == len && !strncmp(name, *set, len))
+			return 1;
+	return 0;
+}
+
+/* cli._split_flag(): 1 for a flag (name, its length, the inline value or NULL), 0 for not. */
+static int split_flag(const char *arg, const char **name, size_t *len, const char **value)
+{
+	if (strlen(arg) < 2 || arg[0] != '-' || !strcmp(arg, "--"))
+		return 0;
+	const char *n = arg[1] == '-' ? arg + 2 : arg + 1;
+	if (!*n || *n == '-')
+		return 0;
+	const char *eq = strchr(n, '=');
+	*name = n;
+	*len = eq ? (size_t)(eq - n) : strlen(n);
+	*value = eq ? eq + 1 : NULL;
+	return 1;
+}
+
+static const char *const GLOBAL_VALUE[] = {"log", "log-format", "root", "criu", "rootless", NULL};
+static const char *const GLOBAL_BOOL[] = {"debug", "systemd-cgroup", "help", "h", "version", "v",
+					  NULL};
+static const char *const EXEC_VALUE[] = {"console-socket", "cwd", "env", "e", "user", "u",
+					 "additional-gids", "g", "process", "p", "pid-file",
+					 "process-label", "apparmor", "cap", "c", "preserve-fds",
+					 "cgroup", NULL};
+static const char *const EXEC_BOOL[] = {"tty", "t", "detach", "d", "no-new-privs",
+					"no-subreaper", "ignore-paused", NULL};
+static const char *const KILL_BOOL[] = {"all", "a", NULL};
+static const char *const DELETE_BOOL[] = {"force", "f", NULL};
+static const char *const NONE[] = {NULL};
+
+/* The container id of an intercepted subcommand (args from the one after it), parsed as
+ * Invocation.command_flags() does, every flag known; NULL when unsure. */
+static const char *container_id(int i, const char *const *value_flags,
+				const char *const *bool_flags, int interspersed)
+{
+	const char *cid = NULL;
+
+	for (; args[i]; i++) {
+		const char *name, *value;
+		size_t len;
+		if (!strcmp(args[i], "--"))
+			return NULL; /* rare, and cli.py's two modes read it differently */
+		if (!split_flag(args[i], &name, &len, &value)) {
+			if (!interspersed)
+				return args[i];
+			if (!cid)
+				cid = args[i];
+			continue;
+		}
+		if (in(name, len, value_flags)) {
+			if (!value && !args[++i])
+				return NULL;
+		} else if (!in(name, len, bool_flags)) {
+			return NULL;
+		}
+	}
+	return cid;
+}
+
+/* ---- the container record (common/records.py) ---------------------------------------------- */
+
+/* A small strict JSON reader, enough to find the record's top-level booleans. */
+struct json {
+	const char *p, *end;
+};
+
+static void ws(struct json *j)
+{
+	while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+		j->p++;
+}
+
+/* Skip a string at p ('"'); *plain: it had no escape. */
+static int skip_string(struct json *j, int *plain)
+{
+	*plain = 1;
+	for (j->p++; j->p < j->end; j->p++) {
+		unsigned char c = (unsigned char)*j->p;
+		if (c == '"') {
+			j->p++;
+			return 1;
+		}
+		if (c < 0x20)
+			return 0;
+		if (c == '\\') {
+			*plain = 0;
+			if (++j->p >= j->end)
+				return 0;
+			if (*j->p == 'u') {
+				for (int k = 0; k < 4; k++) {
+					if (++j->p >= j->end || !strchr("0123456789abcdefABCDEF", *j->p))
+						return 0;
+				}
+			} else if (!strchr("\"\\/bfnrt", *j->p) || !*j->p) {
+				return 0;
+			}
+		}
+	}
+	return 0;
+}
+
+static int skip_value(struct json *j, int depth);
+
+static int skip_container(struct json *j, int depth, char close)
+{
+	int plain;
+
+	if (depth > MAX_DEPTH)
+		return 0;
+	j->p++;
+	ws(j);
+	if (j->p < j->end && *j->p == close) {
+		j->p++;
+		return 1;
+	}
+	for (;;) {
+		ws(j);
+		if (close == '}') {
+			if (j->p >= j->end || *j->p != '"' || !skip_string(j, &plain))
+				return 0;
+			ws(j);
+			if (j->p >= j->end || *j->p++ != ':')
+				return 0;
+		}
+		if (!skip_value(j, depth + 1))
+			return 0;
+		ws(j);
+		if (j->p >= j->end)
+			return 0;
+		if (*j->p == close) {
+			j->p++;
+			return 1;
+		}
+		if (*j->p++ != ',')
+			return 0;
+	}
+}
+
+static int literal(struct json *j, const char *word)
+{
+	size_t n = strlen(word);
+	if ((size_t)(j->end - j->p) < n || strncmp(j->p, word, n))
+		return 0;
+	j->p += n;
+	return 1;
+}
+
+static int skip_value(struct json *j, int depth)
+{
+	int plain;
+
+	ws(j);
+	if (j->p >= j->end)
+		return 0;
+	switch (*j->p) {
+	case '{':
+		return skip_container(j, depth, '}');
+	case '[':
+		return skip_container(j, depth, ']');
+	case '"':
+		return skip_string(j, &plain);
+	case 't':
+		return literal(j, "true");
+	case 'f':
+		return literal(j, "false");
+	case 'n':
+		return literal(j, "null");
+	}
+	/* a number, as json.dump writes them (NaN and Infinity: not ours, unsure) */
+	const char *start = j->p;
+	if (j->p < j->end && *j->p == '-')
+		j->p++;
+	if (j->p >= j->end || *j->p < '0' || *j->p > '9')
+		return 0;
+	while (j->p < j->end && strchr("0123456789.eE+-", *j->p))
+		j->p++;
+	return j->p > start;
+}
+
+enum { ABSENT = -1 };
+
+/* The record's top-level "managed" and "prepared" (1 true, 0 false, ABSENT); 0 on any doubt
+ * (not pure ASCII JSON, an escaped top-level key, a value that is not a boolean). */
+static int record_flags(const char *text, size_t len, int *managed, int *prepared)
+{
+	struct json j = {text, text + len};
+	int plain;
+
+	*managed = *prepared = ABSENT;
+	for (size_t k = 0; k < len; k++)
+		if ((unsigned char)text[k] >= 0x80 || !text[k])
+			return 0; /* json.dump writes ASCII: this is not a record of ours */
+	ws(&j);
+	if (j.p >= j.end || *j.p != '{')
+		return 0;
+	j.p++;
+	ws(&j);
+	if (j.p < j.end && *j.p == '}') {
+		j.p++;
+	} else {
+		for (;;) {
+			ws(&j);
+			const char *key = j.p + 1;
+			if (j.p >= j.end || *j.p != '"' || !skip_string(&j, &plain) || !plain)
+				return 0;
+			size_t klen = (size_t)(j.p - 1 - key);
+			int *slot = NULL;
+			if (klen == 7 && !strncmp(key, "managed", 7))
+				slot = managed;
+			else if (klen == 8 && !strncmp(key, "prepared", 8))
+				slot = prepared;
+			ws(&j);
+			if (j.p >= j.end || *j.p++ != ':')
+				return 0;
+			ws(&j);
+			if (slot) { /* the last one counts, as in json.load */
+				if (literal(&j, "true"))
+					*slot = 1;
+				else if (literal(&j, "false"))
+					*slot = 0;
+				else
+					return 0;
+			} else if (!skip_value(&j, 1)) {
+				return 0;
+			}
+			ws(&j);
+			if (j.p >= j.end)
+				return 0;
+			if (*j.p == '}') {
+				j.p++;
+				break;
+			}
+			if (*j.p++ != ',')
+				return 0;
+		}
+	}
+	ws(&j);
+	return j.p == j.end;
+}
+
+/* The container's record: 1 read (flags set), 0 none, -1 unsure. */
+static int load_record(const char *state_dir, const char *cid, int *managed, int *prepared)
+{
+	static char text[MAX_RECORD];
+	char path[PATH_MAX];
+	ssize_t len = 0, r;
+
+	if (!*cid || strchr(cid, '/') || cid[0] == '.')
+		return -1; /* records.py refuses such an id */
+	if (snprintf(path, sizeof(path), "%s/containers/%s.json", state_dir, cid) >=
+	    (int)sizeof(path))
+		return -1;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -1;
+	while ((r = read(fd, text + len, sizeof(text) - len)) > 0)
+		len += r;
+	close(fd);
+	if (r < 0 || len == (ssize_t)sizeof(text))
+		return -1;
+	return record_flags(text, (size_t)len, managed, prepared) ? 1 : -1;
+}
+
+/* ---- the decision ---------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+	struct front f;
+	char real[PATH_MAX];
+	const char *config_path = getenv("EXECGATE_CONFIG");
+	const char *version = NULL;
+	int i;
+
+	(void)argc;
+	args = argv;
+	if (!argv[0])
+		python();
+	const char *loop = getenv(LOOP_MARKER);
+	if (loop && !strcmp(loop, "1"))
+		python(); /* called by itself: Python says so */
+	if (!config_path || !*config_path)
+		config_path = DEFAULT_CONFIG;
+	if (config_path[0] != '/' || !load_front(&f, config_path))
+		python();
+
+	/* Global flags, up to the subcommand. */
+	for (i = 1; argv[i]; i++) {
+		const char *name, *value;
+		size_t len;
+		if (!strcmp(argv[i], "--"))
+			python();
+		if (!split_flag(argv[i], &name, &len, &value))
+			break;
+		if (in(name, len, GLOBAL_VALUE)) {
+			if (!value && !argv[++i])
+				python();
+		} else if (in(name, len, GLOBAL_BOOL)) {
+			if (in(name, len, (const char *const[]){"version", "v", NULL}))
+				version = value ? value : "true";
+		} else {
+			python(); /* a flag of a newer runc: it may take a value */
+		}
+	}
+	const char *command = argv[i];
+
+	if (!find_runtime(&f, real))
+		python();
+	if (!command) {
+		if (version && strcasecmp(version, "false") && strcmp(version, "0"))
+			dprintf(1, "execgate version %s\nreal runtime: %s\n", f.version, real);
+		runtime(real);
+	}
+	int create = !strcmp(command, "create"), start = !strcmp(command, "start");
+	int exec = !strcmp(command, "exec"), kill = !strcmp(command, "kill");
+	int delete = !strcmp(command, "delete");
+	if (!f.per_exec_cgroups || !(create || start || exec || kill || delete))
+		runtime(real);
+	if (create)
+		python();
+
+	const char *cid;
+	if (start)
+		cid = container_id(i + 1, NONE, NONE, 0);
+	else if (exec)
+		cid = container_id(i + 1, EXEC_VALUE, EXEC_BOOL, 0);
+	else if (kill)
+		cid = container_id(i + 1, NONE, KILL_BOOL, 1);
+	else
+		cid = container_id(i + 1, NONE, DELETE_BOOL, 1);
+	if (!cid)
+		python();
+	int managed, prepared;
+	int rec = load_record(f.state_dir, cid, &managed, &prepared);
+	if (rec < 0)
+		python();
+	if (rec == 0)
+		runtime(real); /* no record: execgate never managed it */
+	if (delete)
+		python(); /* a record to remove */
+	if (managed != 1)
+		runtime(real);
+	if (start && prepared != 1)
+		python(); /* the cgroup layout to make (start.py) */
+	if (start)
+		runtime(real);
+	python(); /* exec: a tool call; kill: thaw first */
+}
