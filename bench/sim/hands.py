@@ -180,15 +180,16 @@ class ExecgateHands:
         """Sandbox admission's view: idle (gives back what it can) unless a call waits or runs."""
         peak = self.next_peak.get(b.id)
         idle = peak is None and b.call is None
-        resident = int(b.anon + b.cache)
+        resident = int(self.domain.charged(b))  # the daemon's memory.current less calls
         # daemon/sandboxes.py: the queued call's peak, else the largest seen in it, else the
         # configured default
         peak = peak or self.box_peaks.get(b.id) or self.sandboxes.config.default_call_peak_bytes
+        kept = self.res.swap_kept()  # admission counts what a push frees (zswap: less)
         if not idle:
-            extra = (self.res.cold_bytes(b),) if self.count_cold else ()
+            extra = (self.res.cold_bytes(b, kept=kept),) if self.count_cold else ()
             return LiveSandbox(b.id, resident, 0, None, peak or 0, *extra), idle
-        return LiveSandbox(b.id, resident, self.res.reclaimable_bytes(b), now - b.last_active,
-                           peak or 0), idle
+        return LiveSandbox(b.id, resident, self.res.reclaimable_bytes(b, kept=kept),
+                           now - b.last_active, peak or 0), idle
 
     def _residency_view(self, b: SimBox, now: float) -> tuple[SandboxView, bool]:
         """Residency's view: idle unless a call of it is submitted and not yet released."""
@@ -198,7 +199,7 @@ class ExecgateHands:
             kw["ended"] = b.id in self.ended
         if "reclaimable" in _VIEW_FIELDS:
             kw["reclaimable"] = self.res.reclaimable_bytes(b) if idle else 0
-        return SandboxView(b.id, now - b.last_active if idle else None, int(b.anon + b.cache),
+        return SandboxView(b.id, now - b.last_active if idle else None, int(self.domain.charged(b)),
                            True, b.id in self.frozen, b.id in self.reclaimed, **kw), idle
 
     # -- sandbox creates -----------------------------------------------------------------------
@@ -222,7 +223,8 @@ class ExecgateHands:
         pushes = self.residency.enabled and self.residency.reclaim
         swap: tuple[int, float] | tuple[()] = ()
         if _SNAP_SWAP:  # daemon/sandboxes.py: swap's free room and bandwidth, while it pushes
-            rate = self.res.swap_out_bytes_per_s(self.swap_out_configured)
+            rate = (self.res.swap_out_bytes_per_s(self.swap_out_configured)
+                    * (1.0 - self.res.swap_kept()))
             swap = (int(min(self.res.swap_room(), 1 << 62)) if pushes else 0, rate)
         snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running, 0, *swap)
         if pushes:  # the daemon renews the standing ask while a create waits

@@ -153,8 +153,13 @@ class Domain:
             w.add(box_id)
 
     def _box_static(self, b: SimBox) -> float:
+        return self.charged(b) + self.config.sandbox_overhead_bytes
+
+    def charged(self, b: SimBox) -> float:
+        """What the sandbox's cgroup is charged outside calls, as its memory.current says:
+        resident bytes, and under zswap the compressed copies of what it swapped out."""
         swapped = 0.0 if self.config.zram else b.swapped / self.config.swap_ratio
-        return b.anon + b.cache + swapped + self.config.sandbox_overhead_bytes
+        return b.anon + b.cache + swapped
 
     # -- the population ------------------------------------------------------------------------
 

@@ -15,7 +15,10 @@ this is the same interface (`cfg`, `pushable`, `cold_bytes`, `reclaimable_bytes`
   agent framework would keep part of it hot: this is the optimistic end);
 * the swap-out bandwidth: the configured one until a reclaim of at least 4 MiB has run, then
   the lower of it and what reclaims achieve here (the memory model's bandwidth), as the daemon
-  learns it from its reclaims.
+  learns it from its reclaims;
+* kept (`swap_kept`): the share of a swapped-out byte still charged to the domain, 1/ratio
+  under zswap (the model's default), 0 with zram; admission's figures (`pushable`, the hands'
+  views) count what a push frees, residency's plan what it moves, as the daemon does.
 """
 
 from __future__ import annotations
@@ -52,25 +55,33 @@ class SimResidency:
             return math.inf
         return max(mem.swap_max_bytes - self.domain.swap_used(), 0)
 
+    def swap_kept(self) -> float:
+        """As the daemon's (`headroom.swap_kept_share`), from the model's own ratio."""
+        mem = self.domain.config
+        return 0.0 if not mem.swap or mem.zram else 1 / mem.swap_ratio
+
     def reclaimable_bytes(self, b: SimBox, busy: Collection[str] | None = None,
-                          room: float | None = None) -> int:
+                          room: float | None = None, kept: float = 0.0) -> int:
         if b.id in self.reclaimed or b.id in (self.busy() if busy is None else busy):
             return 0
         anon = min(b.anon, self.swap_room() if room is None else room)
-        return int(max(min(b.cache + anon, b.anon + b.cache - self.cfg.keep_bytes), 0))
+        moved = max(min(b.cache + anon, b.anon + b.cache - self.cfg.keep_bytes), 0)
+        file = min(b.cache, moved)
+        return int(file + (moved - file) * (1.0 - kept))
 
-    def cold_bytes(self, b: SimBox, room: float | None = None) -> int:
-        return int(min(b.anon, self.swap_room() if room is None else room))
+    def cold_bytes(self, b: SimBox, room: float | None = None, kept: float = 0.0) -> int:
+        return int(min(b.anon, self.swap_room() if room is None else room) * (1.0 - kept))
 
     def pushable(self, cold: bool = False) -> int:
         busy = self.busy()
         room = self.swap_room()
+        kept = self.swap_kept()
         total = 0
         for b in self.domain.boxes.values():
             if b.id in busy:
-                total += self.cold_bytes(b, room) if cold else 0
+                total += self.cold_bytes(b, room, kept) if cold else 0
             else:
-                total += self.reclaimable_bytes(b, busy, room)
+                total += self.reclaimable_bytes(b, busy, room, kept)
         self.last_pushable = total
         return total
 

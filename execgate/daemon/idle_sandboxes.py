@@ -25,6 +25,7 @@ from typing import Any
 
 from execgate.cgroups import container, v2
 from execgate.common import meminfo, records
+from execgate.policy.headroom import freed_bytes, swap_kept_share
 from execgate.policy.pressure import PressureConfig, PressureReading
 from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, idle_enough, plan
@@ -37,6 +38,7 @@ RESCAN_S = 2.0  # container records are re-read at most this often
 MAX_ACTIVITY = 4096  # containers whose last tool call is remembered
 ROOM_TTL_S = 5.0  # a make_room ask not renewed for this long lapses
 RATE_MIN_BYTES = 4 << 20  # reclaims of at least this much teach the swap-out bandwidth
+ZSWAP_ENABLED = "/sys/module/zswap/parameters/enabled"
 
 
 @dataclass
@@ -101,9 +103,9 @@ class Residency:
         """What idle sandboxes could give back now (each `reclaimable_bytes`), without asking;
         cold: and what the kernel can swap out of active ones (`cold_bytes`)."""
         self._rescan()
-        busy, free = set(self.busy()), self.swap_free()
-        return sum(self.cold_bytes(cid, free) if cid in busy
-                   else self.reclaimable_bytes(cid, busy, free)
+        busy, free, kept = set(self.busy()), self.swap_free(), self.swap_kept()
+        return sum(self.cold_bytes(cid, free, kept) if cid in busy
+                   else self.reclaimable_bytes(cid, busy, free, kept=kept)
                    for cid in self.boxes if cold or cid not in busy)
 
     @staticmethod
@@ -114,18 +116,37 @@ class Residency:
         except (OSError, ValueError):
             return 0
 
-    def cold_bytes(self, cid: str, host_free: int | None = None) -> int:
+    @staticmethod
+    def swap_kept() -> float:
+        """The share of a swapped-out byte still charged to its cgroup (`swap_kept_share`:
+        zswap's compressed copy; 0 for zram and disk swap), read once for a pass."""
+        try:
+            with open(ZSWAP_ENABLED) as f:
+                zswap = f.read().strip() in ("Y", "1")
+        except OSError:
+            return 0.0
+        if not zswap:
+            return 0.0
+        try:
+            info = meminfo.read()
+        except (OSError, ValueError):
+            info = {}
+        return swap_kept_share(True, info.get("Zswap"), info.get("Zswapped"))
+
+    def cold_bytes(self, cid: str, host_free: int | None = None, kept: float = 0.0) -> int:
         """An active sandbox's cold pages: its init leaf's inactive LRU lists (anonymous as far
         as swap has room), what the kernel swaps out first when a call beside them needs room.
-        Its running calls live in their own cgroups, so they are not counted."""
+        Its running calls live in their own cgroups, so they are not counted. kept: as
+        `swap_kept` (the bytes then are what the push frees, not what it moves)."""
         box = self.boxes.get(cid)
         if box is None:
             return 0
         stat = v2.read_keyed(container.init_leaf(box.cgroup), "memory.stat")
         if not stat:
             return 0
-        return stat.get("inactive_file", 0) + min(stat.get("inactive_anon", 0),
-                                                  self._swap_room(box, host_free))
+        return freed_bytes(stat.get("inactive_file", 0),
+                           min(stat.get("inactive_anon", 0), self._swap_room(box, host_free)),
+                           kept)
 
     def swap_out_bytes_per_s(self, configured: float) -> float:
         """The configured swap-out bandwidth, or what reclaims here achieved if slower (an
@@ -139,12 +160,15 @@ class Residency:
         return self.room
 
     def reclaimable_bytes(self, cid: str, busy: set[str] | None = None,
-                          host_free: int | None = None, current: int | None = None) -> int:
+                          host_free: int | None = None, current: int | None = None,
+                          kept: float = 0.0) -> int:
         """What memory.reclaim could take from an idle sandbox now: its page cache, and its
         anonymous memory as far as swap has room (the host's free swap, init/'s swap.max), down
         to keep_bytes; 0 while a call runs or waits in it (``busy``: the engine's set, asked
         for when not given) or once reclaimed in this idle period. host_free (`swap_free`) and
-        current (its memory.current) are read here when the caller has not read them."""
+        current (its memory.current) are read here when the caller has not read them. kept:
+        as `swap_kept`, for what the reclaim frees (admission's room) rather than what it
+        moves (residency's ask)."""
         box = self.boxes.get(cid)
         if box is None or box.reclaimed or cid in (set(self.busy()) if busy is None else busy):
             return 0
@@ -154,7 +178,11 @@ class Residency:
         anon = min(stat.get("anon", 0), self._swap_room(box, host_free))
         if current is None:
             current = v2.read_int(box.cgroup, "memory.current") or 0
-        return max(min(stat.get("file", 0) + anon, current - self.cfg.keep_bytes), 0)
+        moved = max(min(stat.get("file", 0) + anon, current - self.cfg.keep_bytes), 0)
+        if not kept:
+            return moved
+        file = min(stat.get("file", 0), moved)
+        return freed_bytes(file, moved - file, kept)
 
     def _swap_room(self, box: Box, host_free: int | None = None) -> int:
         free = self.swap_free() if host_free is None else host_free

@@ -238,7 +238,7 @@ class Sandboxes:
         for c in calls.values():
             in_calls[c.container] = in_calls.get(c.container, 0) + c.last_mem
         live, total = [], 0
-        free = res.swap_free()  # once for every sandbox below
+        free, kept = res.swap_free(), res.swap_kept()  # once for every sandbox below
         for box in self.boxes.values():
             mem = v2.read_int(box.cgroup, "memory.current")
             if mem is None:
@@ -250,9 +250,9 @@ class Sandboxes:
             held = res.boxes.get(box.cid) if pushes and box.cid not in busy else None
             if held is not None and held.busy is not True:  # not at work without a call
                 idle = max(now - max(activity.get(box.cid, box.created), box.created), 0.0)
-                reclaim = res.reclaimable_bytes(box.cid, busy, free)
+                reclaim = res.reclaimable_bytes(box.cid, busy, free, kept=kept)
             elif self.headroom.count_cold:
-                cold = res.cold_bytes(box.cid, free)
+                cold = res.cold_bytes(box.cid, free, kept)
             peak = queued.get(box.cid) or box.call_peak or self.cfg.default_call_peak_bytes
             live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak, cold))
         running = [max(int(c.extra.get("charge") or 0), c.last_mem) for c in calls.values()]
@@ -260,7 +260,8 @@ class Sandboxes:
         # the runtime gives each sandbox ([residency] swap_max; "" writes none)
         limit = str(res.cfg.swap_max or "max")
         room = min(free, int(limit)) if limit.isdigit() else free
-        rate = res.swap_out_bytes_per_s(self.headroom.swap_out_bytes_per_s)
+        # what swap-out frees per second (under zswap, less the compressed copies it keeps)
+        rate = res.swap_out_bytes_per_s(self.headroom.swap_out_bytes_per_s) * (1.0 - kept)
         return DomainSnapshot(reading.budget, reading.safety_margin, live, running,
                               max(used - total, 0), room if pushes else 0, rate)
 

@@ -26,13 +26,13 @@ class Clock:
 
 
 def _hands(tables: dict[str, dict[str, Any]] | None = None,
-           budget: int = BUDGET) -> tuple[ExecgateHands, Domain, Clock]:
+           budget: int = BUDGET, zram: bool = True) -> tuple[ExecgateHands, Domain, Clock]:
     cfg = bench_config({}, EXECGATE, domain="/sim")
     for name, values in (tables or {}).items():
         cfg.setdefault(name, {}).update(values)
     settings, _warnings = settings_from_config(cfg)
     clock = Clock()
-    domain = Domain(budget, MemoryConfig(swap=True))
+    domain = Domain(budget, MemoryConfig(swap=True, zram=zram))
     return ExecgateHands(settings, domain, clock), domain, clock
 
 
@@ -84,11 +84,11 @@ def test_without_the_action_boundary_it_waits_out_idle_after() -> None:
     assert not domain.reclaiming and hands.stats.reclaims == 0
 
 
-def _idle_room_case(tables: dict[str, dict[str, Any]] | None = None
+def _idle_room_case(tables: dict[str, dict[str, Any]] | None = None, zram: bool = True
                     ) -> tuple[ExecgateHands, Domain, Clock, list[Any]]:
     """A 200 MiB sandbox idle since its call ended, a call running in C; a call in B declaring
     250 MiB, more than the free headroom, less than it plus what A can push out in time."""
-    hands, domain, clock = _hands(tables)
+    hands, domain, clock = _hands(tables, zram=zram)
     a, b = _box(domain, "A", 200, clock), _box(domain, "B", 20, clock)
     c = _box(domain, "C", 20, clock)
     call = _run_call(hands, domain, a, "A/1", 5, clock)
@@ -114,6 +114,14 @@ def test_a_call_is_admitted_on_idle_room_and_residency_is_asked_for_it() -> None
     clock.t += 0.5
     hands.tick(0.1)
     assert "A" in domain.reclaiming and hands.stats.reclaims_on_room == 1
+
+
+def test_under_zswap_the_idle_room_is_what_a_push_frees() -> None:
+    """zswap keeps a third of each pushed byte charged: what A lends shrinks by a third, too
+    little for B's call, which waits (with zram it was admitted above)."""
+    hands, _domain, _clock, got = _idle_room_case(zram=False)
+    assert hands.res.swap_kept() == 1 / 3
+    assert got == [] and "B/1" in hands.waiting
 
 
 def test_without_the_idle_room_the_call_waits() -> None:

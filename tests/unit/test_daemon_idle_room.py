@@ -100,3 +100,39 @@ def test_an_active_sandboxs_cold_baseline_counts_for_calls(tmp_path: Path,
         assert not eng.submit(_call(2, "c", 60 * MiB))[1].done()
 
     asyncio.run(scenario())
+
+
+def test_under_zswap_a_push_counts_what_it_frees_not_what_it_moves(tmp_path: Path,
+                                                                  monkeypatch: object) -> None:
+    """zswap keeps a compressed copy charged to the cgroup: a sandbox's cold 99 MiB pushed
+    out at 3:1 frees 66 MiB, and that is what admission may count on; residency's ask stays
+    what memory.reclaim must move."""
+    from execgate.daemon import idle_sandboxes
+
+    enabled = tmp_path / "zswap-enabled"
+    enabled.write_text("N\n")
+    monkeypatch.setattr(idle_sandboxes, "ZSWAP_ENABLED", str(enabled))  # type: ignore
+    bed = Bed(tmp_path)
+    busy = bed.sandbox("busy", 120 * MiB, file=0, anon=120 * MiB)
+    (busy / "init" / "memory.stat").write_text(f"inactive_anon {99 * MiB}\ninactive_file 0\n")
+    bed.sandbox("idle", 120 * MiB, file=30 * MiB, anon=90 * MiB)
+    res = bed.engine.residency
+    monkeypatch.setattr(res, "swap_free", lambda: 1 << 30)  # type: ignore
+    res._rescan(force=True)
+    assert res.swap_kept() == 0.0  # zram or disk swap: nothing stays charged
+    enabled.write_text("Y\n")
+    info = {"SwapFree": 1 << 30}
+    monkeypatch.setattr(idle_sandboxes.meminfo, "read", lambda: info)  # type: ignore
+    assert res.swap_kept() == 1 / 3  # nothing in zswap yet: the assumed 3:1
+    info.update(Zswap=25 * MiB, Zswapped=100 * MiB)
+    assert res.swap_kept() == 0.25  # measured: 4:1
+    info.pop("Zswap")
+    kept = 1 / 3
+    assert res.cold_bytes("busy", 1 << 30) == 99 * MiB
+    assert res.cold_bytes("busy", 1 << 30, kept) == 66 * MiB
+    # an idle one: page cache leaves whole, anonymous memory less its copy
+    assert res.reclaimable_bytes("idle", set(), 1 << 30) == 104 * MiB  # to keep_bytes 16 MiB
+    net = res.reclaimable_bytes("idle", set(), 1 << 30, kept=kept)
+    assert net == 30 * MiB + int(74 * MiB * 2 / 3)
+    res.busy = lambda: {"busy"}  # type: ignore[method-assign]
+    assert res.pushable(cold=True) == 66 * MiB + net

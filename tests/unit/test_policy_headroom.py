@@ -115,3 +115,15 @@ def test_an_active_sandbox_gives_its_cold_pages_only() -> None:
     assert LiveSandbox("idle", 200 * MiB, 150 * MiB, 3.0, cold_bytes=10 * MiB).pushable_bytes \
         == 150 * MiB  # idle: what memory.reclaim can take, not only the cold part
     assert LiveSandbox("x", 50 * MiB, 0, None, cold_bytes=80 * MiB).pushable_bytes == 50 * MiB
+
+
+def test_a_push_into_zswap_frees_less_its_compressed_copy() -> None:
+    from execgate.policy.headroom import ZSWAP_KEPT_DEFAULT, freed_bytes, swap_kept_share
+
+    assert swap_kept_share(False, 10, 40) == 0.0  # zram, disk swap: charged to no cgroup
+    assert swap_kept_share(True) == ZSWAP_KEPT_DEFAULT == 1 / 3  # nothing measured yet
+    assert swap_kept_share(True, 25, 100) == 0.25
+    assert swap_kept_share(True, 0, 0) == ZSWAP_KEPT_DEFAULT
+    assert freed_bytes(30, 90, 0.0) == 120
+    assert freed_bytes(30, 90, 1 / 3) == 90  # page cache whole, anon less a third
+    assert freed_bytes(-5, 90, 2.0) == 0  # nonsense is clamped, never negative
