@@ -11,15 +11,19 @@ from __future__ import annotations
 GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless"})
 GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
 
-# Per-subcommand flags that take a value (everything else is treated as boolean).
+# Per-subcommand flags that take a value (everything else is treated as boolean): runc 1.1's
+# and those runc 1.2 and 1.3 added (`--pidfd-socket` on create, run and exec: go-runc passes
+# it, and read as a boolean it made the socket's path the container id).
 SUBCOMMAND_VALUE_FLAGS: dict[str, frozenset[str]] = {
-    "create": frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"}),
-    "run": frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"}),
+    "create": frozenset({"bundle", "b", "console-socket", "pidfd-socket", "pid-file",
+                         "preserve-fds"}),
+    "run": frozenset({"bundle", "b", "console-socket", "pidfd-socket", "pid-file",
+                      "preserve-fds"}),
     "exec": frozenset(
         {
-            "console-socket", "cwd", "env", "e", "user", "u", "additional-gids", "g",
-            "process", "p", "pid-file", "process-label", "apparmor", "cap", "c",
-            "preserve-fds", "cgroup",
+            "console-socket", "pidfd-socket", "cwd", "env", "e", "user", "u",
+            "additional-gids", "g", "process", "p", "pid-file", "process-label", "apparmor",
+            "cap", "c", "preserve-fds", "cgroup",
         }
     ),
     "delete": frozenset(),

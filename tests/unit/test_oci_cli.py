@@ -31,6 +31,18 @@ def test_exec_flags_stop_at_the_container_id() -> None:
     assert f.get("cgroup") is None  # after the id: the command's own argument
 
 
+def test_runc_1_2_pidfd_socket_takes_a_value_on_create_run_and_exec() -> None:
+    """go-runc passes --pidfd-socket PATH (runc >= 1.2): read as a boolean, the socket's path
+    became the container id and the container went unmanaged."""
+    for spelling in (["--pidfd-socket", "/run/p.sock"], ["-pidfd-socket=/run/p.sock"]):
+        f = cli.parse(["exec", *spelling, "--cgroup", "tool-1", "cid", "sh"]).command_flags()
+        assert f.positionals[0] == "cid" and f.get("pidfd-socket") == "/run/p.sock"
+        assert f.get("cgroup") == "tool-1"
+        for cmd in ("create", "run"):
+            g = cli.parse([cmd, *spelling, "--bundle", "/b", "cid"]).command_flags()
+            assert g.positionals == ["cid"] and g.get("bundle") == "/b"
+
+
 def test_repeated_and_short_flags() -> None:
     f = cli.parse(["exec", "-e", "A=1", "--env", "B=2", "-t", "-u", "0:0", "c"]).command_flags()
     assert f.values["env"] == ["A=1", "B=2"]
