@@ -587,10 +587,9 @@ int main(int argc, char **argv)
 	const char *version = NULL;
 	int i;
 
-	(void)argc;
-	args = argv;
-	if (!argv[0])
-		python();
+	static char *no_args[2];
+
+	args = argc > 0 ? argv : no_args; /* argv[0] is replaced, so it must have a slot */
 	const char *loop = getenv(LOOP_MARKER);
 	if (loop && !strcmp(loop, "1"))
 		python(); /* called by itself: Python says so */
@@ -600,15 +599,15 @@ int main(int argc, char **argv)
 		python();
 
 	/* Global flags, up to the subcommand. */
-	for (i = 1; argv[i]; i++) {
+	for (i = 1; args[i]; i++) {
 		const char *name, *value;
 		size_t len;
-		if (!strcmp(argv[i], "--"))
+		if (!strcmp(args[i], "--"))
 			python();
-		if (!split_flag(argv[i], &name, &len, &value))
+		if (!split_flag(args[i], &name, &len, &value))
 			break;
 		if (in(name, len, GLOBAL_VALUE)) {
-			if (!value && !argv[++i])
+			if (!value && !args[++i])
 				python();
 		} else if (in(name, len, GLOBAL_BOOL)) {
 			if (in(name, len, (const char *const[]){"version", "v", NULL}))
@@ -617,7 +616,7 @@ int main(int argc, char **argv)
 			python(); /* a flag of a newer runc: it may take a value */
 		}
 	}
-	const char *command = argv[i];
+	const char *command = args[i];
 
 	if (!find_runtime(&f, real))
 		python();
