@@ -27,6 +27,7 @@ from . import settings as settings_mod
 from . import status
 from .engine import Engine
 from .inside.agents import InsideAgents
+from .metrics import Metrics
 from .reload import Reloader
 from .sandboxes import within
 from .server import Conn, Server
@@ -143,6 +144,7 @@ class Daemon:
         self.index = records.ContainerIndex(cfg.state_dir)
         self.inside: InsideAgents | None = None  # set once it listens
         self.reloader = Reloader(cfg, engine)  # SIGHUP
+        self.metrics = Metrics(engine, self.reloader)  # served when [metrics] listen is set
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox}
@@ -174,6 +176,7 @@ class Daemon:
         if self.inside is not None:
             snap["daemon"]["inside"] = self.inside.snapshot()
         snap["daemon"]["config"] = self.reloader.snapshot()
+        snap["daemon"]["calls"] = self.metrics.calls()
         return protocol.reply(True, status=snap, pid=os.getpid())
 
     async def op_admit(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
@@ -285,6 +288,7 @@ class Daemon:
         while not stop.is_set():
             try:
                 self.engine.tick()
+                self.metrics.after_tick()
             except Exception:
                 log.exception("control loop iteration failed")
             wake.clear()
@@ -297,13 +301,14 @@ async def run(cfg: config_mod.Config) -> None:
     for problem in problems:
         log.log(logging.ERROR if problem.error else logging.WARNING, "config: %s", problem)
     engine = Engine(cfg, settings)
+    daemon = Daemon(cfg, engine)
+    daemon.metrics.tap_journal()  # before rediscover reads what ran while we were away
     learned = engine.warm_up()
     adopted = engine.rediscover()
     thawed = engine.residency.recover()  # a crash never leaves a sandbox frozen
     engine.growth.start()
     log.info("domain %s; learned from %d past calls; adopted %d running calls; thawed %d "
              "idle sandboxes", engine.domain.describe(), learned, adopted, thawed)
-    daemon = Daemon(cfg, engine)
     server = Server(cfg.socket, daemon.handlers, allowed_uids={0},
                     refuse_peer=daemon.refuse_peer)
     await server.start()
@@ -312,6 +317,13 @@ async def run(cfg: config_mod.Config) -> None:
     inside.start()
     daemon.inside = inside
     engine.probes.start()  # bcc compiles in a background thread; never delays the socket
+    following = asyncio.ensure_future(daemon.metrics.follow())
+    metrics_server = None
+    if settings.metrics.listen:
+        try:
+            metrics_server = await daemon.metrics.serve(settings.metrics.listen)
+        except OSError as e:  # metrics are never worth the daemon
+            log.error("metrics: cannot listen on %s: %s; no metrics", settings.metrics.listen, e)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -331,6 +343,9 @@ async def run(cfg: config_mod.Config) -> None:
     sd_notify("READY=1")
     await daemon.control_loop(stop)
     sd_notify("STOPPING=1")
+    following.cancel()
+    if metrics_server is not None:
+        metrics_server.close()
     inside.stop()
     engine.probes.stop()
     await server.close()

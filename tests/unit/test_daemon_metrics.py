@@ -1,0 +1,188 @@
+"""Prometheus metrics: the text format, and the real endpoint scraped over loopback (in the
+daemon's own loop, and from a running execgated)."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from test_daemon_reload import SRC, _config, _engine
+
+from execgate.common.units import MiB
+from execgate.daemon.exposition import Histogram, Writer
+from execgate.daemon.metrics import Metrics
+
+
+def _samples(text: str) -> dict[str, float]:
+    """name{labels} -> value of a scrape; every family has its HELP and TYPE."""
+    out, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            family = name.split("{")[0]
+            assert family in typed or family.rsplit("_", 1)[0] in typed, line
+            out[name] = float(value)
+    return out
+
+
+def test_the_text_format() -> None:
+    h = Histogram((0.5, 1))
+    for v in (0.2, 0.5, 0.7, 3):
+        h.observe(v)
+    w = Writer()
+    w.counter("x_total", "a count", samples=[({"sandbox": 'a"b\\c\nd'}, 2)])
+    w.histogram("wait_seconds", "waits", h)
+    assert w.text().splitlines() == [
+        "# HELP x_total a count", "# TYPE x_total counter", 'x_total{sandbox="a\\"b\\\\c\\nd"} 2',
+        "# HELP wait_seconds waits", "# TYPE wait_seconds histogram",
+        'wait_seconds_bucket{le="0.5"} 2', 'wait_seconds_bucket{le="1"} 3',
+        'wait_seconds_bucket{le="+Inf"} 4', "wait_seconds_sum 4.4", "wait_seconds_count 4"]
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+def _call(i: int) -> dict:
+    return {"call": f"tool-{i}", "container": "c", "sandbox": "c", "cgroup": f"/nope/tool-{i}",
+            "argv": ["pytest"], "hint": {"memory_bytes": 300 * MiB}}
+
+
+def test_a_scrape_over_loopback_shows_the_engine(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        _, eng = _engine(tmp_path)
+        metrics = Metrics(eng)
+        metrics.tap_journal()
+        following = asyncio.ensure_future(metrics.follow())
+        server = await metrics.serve("127.0.0.1:0")
+        port = server.sockets[0].getsockname()[1]
+        try:
+            eng.tick()
+            futs = [eng.submit(_call(i))[1] for i in range(4)]  # 3 fit in 1 GiB, 1 waits
+            eng.tick()
+            # a call that ran while the daemon was away, and one it admitted, in the journal
+            with open(tmp_path / "calls.jsonl", "a") as f:
+                f.write(json.dumps({"call": "tool-x", "container": "c", "managed": False,
+                                    "argv": ["make"], "memory_peak": MiB, "exit_code": 0}) + "\n")
+                f.write(json.dumps({"call": "tool-0", "container": "c", "managed": True,
+                                    "argv": ["pytest"], "memory_peak": 200 * MiB,
+                                    "exit_code": 0, "duration": 1.0}) + "\n")
+            eng.tick()
+            metrics.after_tick()
+            await asyncio.sleep(0.05)  # the bus's events reach the follower
+            status, kind, text = await asyncio.to_thread(
+                _get, f"http://127.0.0.1:{port}/metrics")
+            assert status == 200 and kind.startswith("text/plain; version=0.0.4")
+            s = _samples(text)
+            admitted = sum(f.done() for f in futs)
+            assert 1 <= admitted < 4
+            assert s["execgate_budget_bytes"] == 1 << 30
+            assert s['execgate_pressure_state{state="green"}'] + \
+                s['execgate_pressure_state{state="yellow"}'] + \
+                s['execgate_pressure_state{state="red"}'] == 1
+            assert s["execgate_calls_queued"] == 4 - admitted
+            assert s["execgate_calls_running"] == admitted - 1  # tool-0 finished
+            assert s["execgate_admission_wait_seconds_count"] == admitted
+            assert s['execgate_admission_wait_seconds_bucket{le="+Inf"}'] == admitted
+            assert s['execgate_calls_finished_total{outcome="ok"}'] == 1
+            assert s["execgate_calls_unmanaged_total"] == 1
+            assert s["execgate_loop_iterations_total"] == 3
+            assert s["execgate_sandboxes_swap_bytes"] == 0
+            assert metrics.calls()["unmanaged"] == 1
+            status, _, _ = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/nothing")
+            assert status == 404
+            # nonsense is hung up on; the endpoint still serves
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"\x00" * 10000)
+            await w.drain()
+            w.close()
+            status, _, _ = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+            assert status == 200
+        finally:
+            following.cancel()
+            server.close()
+
+    asyncio.run(scenario())
+
+
+def test_holds_are_timed_from_hold_to_release(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        _, eng = _engine(tmp_path)
+        now = [100.0]
+        metrics = Metrics(eng, clock=lambda: now[0])
+
+        class Held:
+            allowed = False
+
+        eng.growth.tracked["tool-1"] = Held()  # type: ignore[assignment]
+        metrics.after_tick()
+        now[0] = 102.5
+        metrics.after_tick()
+        del eng.growth.tracked["tool-1"]
+        metrics.after_tick()
+        assert (metrics.holds.count, metrics.holds.sum) == (1, 2.5)
+
+    asyncio.run(scenario())
+
+
+def test_the_unix_socket_endpoint(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        _, eng = _engine(tmp_path)
+        path = str(tmp_path / "metrics.sock")
+        server = await Metrics(eng).serve(path)
+        try:
+            assert os.stat(path).st_mode & 0o777 == 0o660
+            r, w = await asyncio.open_unix_connection(path)
+            w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await r.read()
+            assert answer.startswith(b"HTTP/1.0 200 OK\r\n")
+            assert b"\nexecgate_calls_running 0\n" in answer
+        finally:
+            server.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_running_daemon_serves_metrics_on_its_configured_port(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = _config(tmp_path, f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen([sys.executable, "-m", "execgate.daemon.main", "--config",
+                             str(path)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                status, _, text = _get(f"http://127.0.0.1:{port}/metrics")
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert status == 200
+        s = _samples(text)
+        assert s["execgate_budget_bytes"] == 1 << 30 and s["execgate_calls_running"] == 0
+        assert s["execgate_loop_iterations_total"] >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0
