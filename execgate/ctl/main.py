@@ -73,6 +73,7 @@ def print_daemon(d: dict[str, Any]) -> None:
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "
           f"{len(queued)} queued; history: {d.get('history_calls', 0)} calls")
+    print_counts(d.get("calls") or {}, d.get("config") or {})
     if queued:
         print(f"\nQUEUED ({len(queued)})")
         print(f"{'CALL':<18} {'SANDBOX':<14} {'QUEUE':<6} {'PEAK':>9} {'WAIT':>7}  SOURCE")
@@ -81,6 +82,23 @@ def print_daemon(d: dict[str, Any]) -> None:
             print(f"{q.get('call_id', ''):<18} {str(q.get('sandbox', ''))[:12]:<14} "
                   f"{q.get('queue', ''):<6} {_mib(dem.get('peak_bytes')):>9} "
                   f"{q.get('waited_s', 0):>6.1f}s  {dem.get('source', '')}")
+
+
+def print_counts(calls: dict[str, Any], conf: dict[str, Any]) -> None:
+    """Since the daemon started (the numbers its metrics serve), and config changes waiting."""
+    if calls:
+        how = calls.get("admitted") or {}
+        ended = calls.get("finished") or {}
+        waits = calls.get("admission_waits") or {}
+        mean = waits.get("sum_s", 0) / waits["count"] if waits.get("count") else 0.0
+        print(f"since start: admitted {sum(how.values())} (forced {how.get('forced', 0)}, "
+              f"overheld {how.get('overheld', 0)}; mean wait {mean:.2f} s), finished "
+              f"{sum(ended.values())} (OOM-killed {ended.get('oom_killed', 0)}), ran unmanaged "
+              f"{calls.get('unmanaged', 0)} (no daemon answer: fail open)")
+    if conf.get("restart_needed"):
+        print(f"config: changed, waiting for a restart: {', '.join(conf['restart_needed'])}")
+    if conf.get("last_error"):
+        print(f"config: the last reload changed nothing: {conf['last_error']}")
 
 
 def print_sandbox_admission(sa: dict[str, Any]) -> None:

@@ -10,6 +10,12 @@ from execgate.common import protocol
 from execgate.ctl import main as ctl
 
 
+STATUS = {"sandboxes": [], "daemon": {
+    "calls": {"admitted": {"normal": 4, "forced": 1}, "finished": {"ok": 2, "oom_killed": 1},
+              "unmanaged": 2, "admission_waits": {"count": 5, "sum_s": 2.5}},
+    "config": {"restart_needed": ["[daemon] gate"], "last_error": None}}}
+
+
 def _config(tmp_path: Path, sock: Path) -> str:
     conf = tmp_path / "config.toml"
     conf.write_text(f'socket = "{sock}"\nstate_dir = "{tmp_path / "state"}"\n'
@@ -37,7 +43,7 @@ def test_answering_daemon_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixtu
         conn, _ = srv.accept()
         with conn:
             protocol.recv_frame(conn)
-            conn.sendall(protocol.encode(protocol.reply(True, status={"sandboxes": []}, pid=7)))
+            conn.sendall(protocol.encode(protocol.reply(True, status=STATUS, pid=7)))
 
     t = threading.Thread(target=answer, daemon=True)
     t.start()
@@ -48,3 +54,6 @@ def test_answering_daemon_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixtu
         srv.close()
     out = capsys.readouterr()
     assert "execgated pid 7" in out.out and out.err == ""
+    assert ("since start: admitted 5 (forced 1, overheld 0; mean wait 0.50 s), finished 3 "
+            "(OOM-killed 1), ran unmanaged 2 (no daemon answer: fail open)") in out.out
+    assert "config: changed, waiting for a restart: [daemon] gate" in out.out
