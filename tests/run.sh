@@ -30,7 +30,7 @@ fi
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv || exit 1
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]' || exit 1
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench,model]' || exit 1
 
 echo "[tests] unit tests (host)"
 .venv/bin/python -m pytest -q -p no:cacheprovider --junitxml=results/unit-junit.xml tests/unit

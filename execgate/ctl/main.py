@@ -10,6 +10,8 @@ from typing import Any
 from execgate.common import config as config_mod
 from execgate.common import records
 
+from . import model as model_cmd
+
 
 def _source(source: str | None) -> str:
     return {"bpf": "in the kernel", "connector": "through the proc connector"}.get(
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p_calls = sub.add_parser("calls", help="finished tool calls from the journal")
     p_calls.add_argument("-n", type=int, default=20, help="how many (default 20)")
     p_calls.add_argument("--json", action="store_true", help="one JSON object per line")
+    model_cmd.add_parser(sub)
     p_config = sub.add_parser("config", help="the config file")
     p_check = p_config.add_subparsers(dest="config_cmd", required=True).add_parser(
         "check", help="every error and warning at its line; exit 1 on an error")
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             return STATUS_UNREACHABLE
     elif args.cmd == "events":
         return stream_events(cfg)
+    elif args.cmd == "model":
+        return model_cmd.run(args, cfg)
     elif args.cmd == "calls":
         calls = records.tail_journal(cfg.journal, args.n)
         if args.json:

@@ -34,6 +34,7 @@ from .events import EventBus
 from .growth_gate import GrowthGate
 from .idle_room import IdleRoom
 from .idle_sandboxes import Residency
+from .predictor import Predictor
 from .probe_monitor import ProbeMonitor
 from .sandboxes import Sandboxes
 from .settings import Settings
@@ -113,7 +114,9 @@ class Engine:
         self.settings = settings
         self.clock = clock
         self.domain = Domain(settings.daemon.domain, settings.daemon.budget_bytes)
-        self.estimator = HistoryEstimator(settings.estimate)
+        self.predictor = Predictor(settings.predictor, cfg.path, clock)  # loaded at a tick
+        self.estimator = HistoryEstimator(
+            settings.estimate, model=self.predictor if settings.predictor.enabled else None)
         self.admission = Admission(settings.admission, self.estimator, clock)
         self.store = Store(settings.daemon.store)
         self.journal = JournalFollower(cfg.journal, self.store)
@@ -257,6 +260,7 @@ class Engine:
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             self._follow_journal()
+            self.predictor.step()
             self._sample_calls()
             self.probes.step(self.calls)  # fault rates into LiveCall.extra; OOM kill events
             self._sample_domain()

@@ -25,6 +25,8 @@ from execgate.policy.pressure import PressureConfig
 from execgate.policy.residency import ResidencyConfig
 from execgate.policy.sandbox_admission import SandboxAdmissionConfig
 
+from .predictor import PredictorConfig
+
 T = TypeVar("T")
 
 
@@ -116,6 +118,7 @@ class Settings:
     sandboxes: SandboxAdmissionConfig = dataclasses.field(default_factory=SandboxAdmissionConfig)
     headroom: HeadroomConfig = dataclasses.field(default_factory=HeadroomConfig)
     metrics: MetricsConfig = MetricsConfig()
+    predictor: PredictorConfig = dataclasses.field(default_factory=PredictorConfig)
 
 
 # config.toml's daemon tables and the dataclass each one fills.
@@ -123,7 +126,7 @@ TABLES: dict[str, type] = {
     "daemon": DaemonConfig, "pressure": PressureConfig, "admission": AdmissionConfig,
     "estimate": EstimateConfig, "growth": GrowthConfig, "inside": InsideConfig,
     "residency": ResidencyConfig, "sandbox_admission": SandboxAdmissionConfig,
-    "headroom": HeadroomConfig, "metrics": MetricsConfig,
+    "headroom": HeadroomConfig, "metrics": MetricsConfig, "predictor": PredictorConfig,
 }
 
 
@@ -353,5 +356,6 @@ def load(cfg: Config) -> tuple[Settings, list[Problem]]:
                              "sandbox_admission", report),
         headroom=from_table(HeadroomConfig, table("headroom"), "headroom", report),
         metrics=from_table(MetricsConfig, table("metrics"), "metrics", report),
+        predictor=from_table(PredictorConfig, table("predictor"), "predictor", report),
     )
     return settings, report.problems(cfg.path)

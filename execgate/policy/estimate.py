@@ -33,7 +33,7 @@ assignments and `cd x && …` chains; a chain is classified by its heaviest comm
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -48,7 +48,14 @@ from execgate.common.commands import (
 )
 from execgate.common.units import GiB, MiB
 
+from .predictor_features import CallHistory
+
 PRIORITIES = ("high", "normal", "low")
+# Predictions remembered for calls not yet observed (the model's online correction).
+MAX_PREDICTED = 4096
+# Modelled calls of a (sandbox, class) before their observed / predicted ratio corrects the
+# model: one call above a 0.8 quantile is the quantile working, three in a row are not.
+MODEL_CORRECTION_CALLS = 3
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,23 @@ class Outcome:
     avg_bytes: int
     duration_s: float
     oom_killed: bool = False
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A learned model's answer for one call: its likely peak, a high quantile of it (what
+    admission charges: an under-estimate costs an OOM kill), and its average if predicted."""
+
+    peak_bytes: int
+    high_bytes: int
+    avg_bytes: int | None = None
+
+
+class DemandModel(Protocol):
+    """A learned predictor over `predictor_features` vectors (daemon/predictor.py loads one);
+    None when it cannot answer (the history rules then)."""
+
+    def predict(self, features: Sequence[float]) -> Prediction | None: ...
 
 
 @runtime_checkable
@@ -169,12 +193,21 @@ class HistoryEstimator:
     class defaults."""
 
     config: EstimateConfig = field(default_factory=EstimateConfig)
+    # The learned predictor for undeclared calls (issue 22); None: history rules only.
+    model: DemandModel | None = None
 
     def __post_init__(self) -> None:
+        # The causal features of the next call (kept with or without a model: one loaded later
+        # finds the history it needs).
+        self.calls = CallHistory()
         # Per sandbox: log(observed / declared) of its last k declared calls, peak and average.
         self._declared: dict[str, _Window] = {}
         self._by_sandbox: dict[tuple[str, str], _Window] = {}
         self._by_class: dict[str, _Window] = {}
+        # Per (sandbox, class): log(observed / predicted) of its last modelled calls, and the
+        # prediction of each call still running (bounded: a call never observed is dropped).
+        self._model_logs: dict[tuple[str, str], _Window] = {}
+        self._predicted: OrderedDict[str, int] = OrderedDict()
 
     # -- correction factors ------------------------------------------------------------------
 
@@ -211,6 +244,10 @@ class HistoryEstimator:
                 # and peaks at 2 GiB must not make its calls "light". What it used wins.
                 return Demand(max(own.avg_bytes, avg), own.peak_bytes, own.source)
             return Demand(avg, peak, "declared")
+        if self.model is not None:
+            modelled = self._modelled(call, cls)
+            if modelled is not None:
+                return modelled
         if own is not None:
             return own
         shared = self._history(self._by_class.get(cls), f"class-history:{cls}")
@@ -218,6 +255,30 @@ class HistoryEstimator:
             return shared
         peak = cfg.default_peak(cls)
         return Demand(math.ceil(peak * cfg.avg_fraction), peak, f"class-default:{cls}")
+
+    def _modelled(self, call: CallInfo, cls: str) -> Demand | None:
+        """The model's high-quantile peak for an undeclared call, corrected by the online
+        history: when the sandbox's modelled calls of this class used more than predicted
+        (GM of observed / predicted over the window, > 1), the prediction is raised by as much
+        (at most ratio_clamp). Upward only: the quantile already sits above most calls, and a
+        sandbox the model under-predicts (a workload unlike its training data) costs OOM
+        kills. `own` (the class history) is no floor: its recent max would undo the model."""
+        assert self.model is not None
+        pred = self.model.predict(self.calls.features(call.sandbox, call.argv))
+        if pred is None:
+            return None
+        peak = max(pred.high_bytes, pred.peak_bytes, 1)
+        self._predicted[call.call_id] = peak
+        self._predicted.move_to_end(call.call_id)
+        while len(self._predicted) > MAX_PREDICTED:
+            self._predicted.popitem(last=False)
+        logs = self._model_logs.get((call.sandbox, cls))
+        if logs is not None and len(logs.peaks) >= MODEL_CORRECTION_CALLS:
+            factor = math.exp(math.fsum(logs.peaks) / len(logs.peaks))
+            if factor > 1:
+                peak = round(peak * min(factor, self.config.ratio_clamp))
+        avg = pred.avg_bytes if pred.avg_bytes is not None else peak * self.config.avg_fraction
+        return Demand(min(math.ceil(avg), peak), peak, f"model:{cls}")
 
     def _history(self, hist: _Window | None, source: str) -> Demand | None:
         """The recent max peak and mean average of a window, once it holds min_history."""
@@ -241,9 +302,18 @@ class HistoryEstimator:
         cls = classify_command(call.argv)
         for store, key in ((self._by_sandbox, (call.sandbox, cls)), (self._by_class, cls)):
             _Window.add(store, key, cfg.history_window, peak, avg)
+        self.calls.observe(call.sandbox, call.argv, peak, outcome.duration_s)
+        predicted = self._predicted.pop(call.call_id, None)
+        if predicted:
+            ratio = _clamp(max(peak, 1) / predicted, 1.0 / cfg.ratio_clamp, cfg.ratio_clamp)
+            _Window.add(self._model_logs, (call.sandbox, cls), cfg.history_window,
+                        math.log(ratio), 0.0)
 
     def forget_sandbox(self, sandbox: str) -> None:
         """Drop a removed sandbox's history (keeps memory bounded by live sandboxes)."""
         self._declared.pop(sandbox, None)
+        self.calls.forget_sandbox(sandbox)
+        for key in [k for k in self._model_logs if k[0] == sandbox]:
+            del self._model_logs[key]
         for key in [k for k in self._by_sandbox if k[0] == sandbox]:
             del self._by_sandbox[key]
