@@ -233,10 +233,11 @@ class ExecgateHands:
         go = []
         for d in self.sandboxes.step(snap):
             if d.start:
-                # Admitted on what idle sandboxes can give back: have them give it
-                # (daemon/sandboxes.py step()).
-                deficit = d.need_bytes + pushable - d.room_bytes
-                if d.verdict is _sa.Verdict.ADMITTED and pushable and deficit > 0:
+                # Admitted on what idle sandboxes can give back or swap absorbs: have them
+                # give it (daemon/sandboxes.py step()).
+                absorbed = getattr(d, "absorbed_bytes", 0)
+                deficit = d.need_bytes + absorbed + pushable - d.room_bytes
+                if d.verdict is _sa.Verdict.ADMITTED and (pushable or absorbed) and deficit > 0:
                     self.res.make_room(max(self.res.room_wanted(), deficit))
                     self.stats.sandbox_room_asks += 1
                 self.box_waiting.pop(d.sandbox_id, None)

@@ -210,9 +210,10 @@ class Sandboxes:
         for d in self.policy.step(snap):
             if not d.start:
                 continue
-            # Admitted on what idle sandboxes can give back: have them give it.
-            deficit = d.need_bytes + pushable - d.room_bytes
-            if d.verdict is Verdict.ADMITTED and pushable and deficit > 0:
+            # Admitted on what idle sandboxes can give back, or on what swap absorbs while the
+            # baselines arrive: have them give it.
+            deficit = d.need_bytes + d.absorbed_bytes + pushable - d.room_bytes
+            if d.verdict is Verdict.ADMITTED and (pushable or d.absorbed_bytes) and deficit > 0:
                 self.residency.make_room(max(self.residency.room_wanted(), deficit))
             _msg, fut = self.waiting.pop(d.sandbox_id, (None, None))
             if fut is not None and not fut.done():

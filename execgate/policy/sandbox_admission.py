@@ -22,8 +22,9 @@ arriving: the baselines of sandboxes admitted but not yet at them (each its pred
 most resident memory seen of it). absorbed: what swap can take while they arrive — the
 swap-out bandwidth over a start's duration (learned: admission to first call), within the
 swap's free room. With swap, an arrived baseline is cold and pushable like any other (it
-leaves `pinned`); what must fit is its arrival, and swap-out works during the whole start. No
-swap, or no start measured yet: absorbed is 0 and the whole baseline counts.
+leaves `pinned`); what must fit is its arrival, and swap-out works during the whole start.
+Before a start was measured, `default_start_s`; without swap absorbed is 0 and the whole
+baseline counts.
 
 * Baselines are learned per image from finished sandboxes (`BaselineModel`): a high quantile of
   the last few observed baselines (an under-estimate costs OOM kills, an over-estimate a wait),
@@ -84,6 +85,9 @@ class SandboxAdmissionConfig:
     max_start_wait_s: float = 100.0
     # An admitted sandbox counts at least its predicted baseline until `settled` or this long.
     settle_s: float = 60.0
+    # A start's duration (admission to first call) before one was measured: how long swap-out
+    # has while a baseline arrives (0: count whole baselines until a start was measured).
+    default_start_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.default_baseline_bytes < 0 or self.default_call_peak_bytes < 0:
@@ -92,8 +96,8 @@ class SandboxAdmissionConfig:
             raise ValueError("baseline_quantile must be in (0, 1]")
         if self.history_window < 1 or self.max_images < 1:
             raise ValueError("history_window and max_images must be >= 1")
-        if self.max_start_wait_s < 0 or self.settle_s < 0:
-            raise ValueError("max_start_wait_s and settle_s must be >= 0")
+        if self.max_start_wait_s < 0 or self.settle_s < 0 or self.default_start_s < 0:
+            raise ValueError("max_start_wait_s, settle_s and default_start_s must be >= 0")
 
 
 def high_quantile(values: Sequence[int], q: float) -> int:
@@ -240,6 +244,9 @@ class SandboxDecision:
     baseline_bytes: int
     call_peak_bytes: int  # the one-call term: the largest next-call peak, the new one's included
     reason: str
+    # What of the arriving baselines (this one's included) the rule left to swap: residency is
+    # to push that much out while they arrive.
+    absorbed_bytes: int = 0
 
     @property
     def start(self) -> bool:
@@ -384,8 +391,9 @@ class SandboxAdmission:
                     why = f"{terms} > {within}, short {fmt(need - room)}"
                 reason = f"waiting {waited:.1f} s of {cfg.max_start_wait_s:g} s: {why}"
             entry.reason = reason
+            absorbs = min(absorbed, arriving + pred.baseline_bytes)
             decisions.append(SandboxDecision(sid, verdict, waited, need, room,
-                                             pred.baseline_bytes, peak, reason))
+                                             pred.baseline_bytes, peak, reason, absorbs))
             if verdict is Verdict.WAITING:
                 ahead = ahead or sid
                 continue
@@ -425,11 +433,10 @@ class SandboxAdmission:
     # -- internals ---------------------------------------------------------------------------
 
     def absorbable(self, snap: DomainSnapshot) -> int:
-        """What swap can take of arriving baselines: its bandwidth over a start, within its
-        free room; 0 before a start was measured or without swap."""
-        if self.start_s is None:
-            return 0
-        moved = int(max(snap.swap_out_bytes_per_s, 0.0) * self.start_s)
+        """What swap can take of arriving baselines: its bandwidth over a start (measured, else
+        default_start_s), within its free room; 0 without swap."""
+        start_s = self.config.default_start_s if self.start_s is None else self.start_s
+        moved = int(max(snap.swap_out_bytes_per_s, 0.0) * start_s)
         return max(min(moved, snap.swap_free_bytes), 0)
 
     def _pinned(self, snap: DomainSnapshot) -> tuple[int, int, list[tuple[int, str]]]:

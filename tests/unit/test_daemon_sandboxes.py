@@ -251,7 +251,7 @@ def test_the_snapshot_offers_swap_room_within_the_sandboxes_swap_max(tmp_path: P
     own is not the test's), within [residency] swap_max, at the configured bandwidth until
     reclaims measured one."""
     async def scenario() -> None:
-        bed = Bed(tmp_path)
+        bed = Bed(tmp_path, default_start_s=0.0)  # nothing absorbed: the create keeps waiting
         res = bed.engine.residency
         res.swap_free = lambda: 900 * MiB  # type: ignore[method-assign]
         bed.sandbox("a", 150 * MiB)

@@ -3,6 +3,8 @@ FIFO, always when nothing is live, fail open after max_start_wait_s; baselines l
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from execgate.common.units import GiB, MiB
@@ -215,16 +217,18 @@ def test_a_starting_sandbox_counts_only_the_baseline_it_has_yet_to_allocate() ->
 def test_swap_absorbs_arriving_baselines_over_a_learned_start() -> None:
     """With swap, a baseline needs room only for its arrival: what swap-out moves during a start
     (its bandwidth over the measured start time, within swap's free room) is not counted."""
-    adm, clock = make()
+    adm, clock = make(dataclasses.replace(CFG, default_start_s=0.0))
     adm.submit(SandboxRequest("a", "py"))
     adm.step(snap())
     adm.submit(SandboxRequest("b", "py"))
     swap = {"swap_free_bytes": 1 * GiB, "swap_out_bytes_per_s": 10.0 * MiB}
     tight = DomainSnapshot(700 * MiB, 0, (), (), 0, **swap)
-    # no start measured yet: a's and b's baselines count whole, with b's first call
+    # no start measured yet, none assumed: a's and b's baselines count whole, with b's call
     [d] = adm.step(tight)
     assert d.verdict is Verdict.WAITING and d.need_bytes == (256 + 256 + 256) * MiB
     assert "swap absorbs 0 B" in d.reason
+    # the default assumes a start of 1 s: 10 MiB absorbed
+    assert make()[0].absorbable(tight) == 10 * MiB
     clock.t += 20.0
     adm.settled("a")  # a took 20 s from admission to its first call
     assert adm.snapshot()["start_s"] == 20.0
