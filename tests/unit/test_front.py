@@ -349,3 +349,20 @@ main()
     subprocess.run([str(box.front), "state", "box"], env=box.env, check=True)
     assert box.python_out.exists()
     cache.unlink()
+
+
+def test_the_front_file_is_written_once_and_removed_when_python_must_run(tmp_path: Path) -> None:
+    conf, front_conf = tmp_path / "config.toml", tmp_path / "front.conf"
+    conf.write_text("")
+    cfg = config.Config(runtime=("/usr/bin/runc",))
+    frontconf.write(str(front_conf), str(conf), os.stat(conf), cfg, (config.__file__,))
+    first = os.stat(front_conf)
+    assert first.st_mode & 0o777 == 0o600
+    assert "runtime /usr/bin/runc\n" in front_conf.read_text()
+    frontconf.write(str(front_conf), str(conf), os.stat(conf), cfg, (config.__file__,))
+    assert os.stat(front_conf).st_ino == first.st_ino  # the same: not rewritten
+    for must_run in (config.Config(errors=("bad",)), config.Config(debug_log="/l"),
+                     config.Config(state_dir="/a\nb")):
+        frontconf.write(str(front_conf), str(conf), os.stat(conf), cfg, (config.__file__,))
+        frontconf.write(str(front_conf), str(conf), os.stat(conf), must_run, (config.__file__,))
+        assert not front_conf.exists()
