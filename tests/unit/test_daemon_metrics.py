@@ -186,3 +186,21 @@ def test_the_running_daemon_serves_metrics_on_its_configured_port(tmp_path: Path
             proc.kill()
             raise
     assert proc.returncode == 0
+
+
+def test_the_example_dashboard_asks_only_for_metrics_the_daemon_serves(tmp_path: Path) -> None:
+    import re
+
+    async def names() -> set[str]:
+        _, eng = _engine(tmp_path)
+        eng.tick()
+        return {line.split()[2] for line in Metrics(eng).render((0, 0)).splitlines()
+                if line.startswith("# TYPE ")}
+
+    served = asyncio.run(names())
+    dashboard = json.loads((SRC / "packaging" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"]]
+    asked = {re.sub(r"_(bucket|sum|count)$", "", m)
+             for e in exprs for m in re.findall(r"execgate_[a-z_]+", e)}
+    assert asked and asked <= served, asked - served
