@@ -49,13 +49,13 @@ from execgate.policy.estimate import (
 HEAVY_MIB = 256
 
 
-def load_rows(root: str) -> list[model_data.CallRow]:
+def load_rows(root: str, bash_only: bool = False) -> list[model_data.CallRow]:
     """Every call below DIR: AgentCgroup attempts (imported), traces, journals, stores."""
     rows: list[model_data.CallRow] = []
     attempts = [] if Path(root).is_file() else find_attempts(root)
     if attempts:
-        tasks = [import_attempt(d, task_id=t) for d, t in zip(attempts, task_ids(attempts),
-                                                              strict=True)]
+        tasks = [import_attempt(d, bash_only=bash_only, task_id=t)
+                 for d, t in zip(attempts, task_ids(attempts), strict=True)]
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", encoding="utf-8") as f:
             write_tasks(tasks, f)
             f.flush()
@@ -181,13 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--train-fraction", type=float, default=0.7)
     ap.add_argument("--heavy-mib", type=int, default=1024, help="second heavy-call threshold")
     ap.add_argument("--quantile", type=float, default=model_train.TrainConfig.quantile)
+    ap.add_argument("--bash-only", action="store_true",
+                    help="AgentCgroup attempts: only Bash calls (the ones a docker exec runs)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
     if (why := model_train.sklearn_missing()) is not None:
         print(f"predictor_eval: {why}", file=sys.stderr)
         return 2
     try:
-        rows = load_rows(args.dir)
+        rows = load_rows(args.dir, args.bash_only)
     except (OSError, ValueError) as e:
         print(f"predictor_eval: {e}", file=sys.stderr)
         return 1

@@ -1,8 +1,7 @@
 """Predicted memory demand of a tool call before it runs (ToolSched §3.2–3.3).
 
 Admission charges each call by a prediction of its average and peak memory. `Estimator` is the
-pluggable interface (a learned predictor will replace the default); `HistoryEstimator` is the
-default, using in order:
+pluggable interface; `HistoryEstimator` is the default, using in order:
 
 (a) the caller's declared hint D, corrected by the geometric mean of observed-peak / declared
     ratios over the last k calls of the same sandbox that declared: D' = D · GM(P_j / D_j)
@@ -13,6 +12,12 @@ default, using in order:
     OOM-kills. No history in the sandbox: factor 1. The clamp also bounds an under-declaration's
     correction, so D' is never below the sandbox's own history of that command class (b): the
     peak is max(D', history) (issue 21: 1 B declared, 2 GiB used, must not stay "light").
+(m) otherwise, with a learned model (`DemandModel`, issue 22: daemon/predictor.py loads the
+    trees `execgatectl model train` fits), its high-quantile peak over the call's causal
+    features (`predictor_features`: command words, class, the sandbox's and the host's earlier
+    calls), raised by the GM of observed / predicted over the sandbox's last modelled calls of
+    the class when that exceeds 1 (the online history corrects it; never lowered). A model
+    that cannot answer (none, or it failed) falls through to (b);
 (b) otherwise the history of the same (sandbox, command class), then of the command class across
     sandboxes (ToolSched §3.3). We use the *recent max* of observed peaks over a short window
     (default 8 calls) rather than an EWMA: an under-estimate costs an OOM kill while an
