@@ -7,7 +7,9 @@
 #
 # Compressed swap for idle sandboxes: zram (zstd) on a host without swap, sized by --swap-size,
 # else [swap] size in config.toml, else 50% of RAM; zswap over a host's existing swap;
-# --no-swap leaves the host's swap alone. --uninstall removes exactly what install made.
+# --no-swap leaves the host's swap alone. --uninstall removes exactly what install made, and a
+# "default-runtime" naming the runtime it removes. A host without Docker (no daemon.json, no
+# /etc/docker, no dockerd) is not registered with it, as with --no-docker.
 # Idempotent. pip's own settings are honoured, so an offline install is
 #   PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels ./install.sh
 set -euo pipefail
@@ -28,7 +30,8 @@ swap=1
 swap_size=
 commands=(execgate execgated execgatectl)
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+# The comment block at the top, and nothing after it.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit "${1:-0}"; }
 die() { echo "install.sh: $*" >&2; exit 1; }
 say() { echo "install.sh: $*"; }
 
@@ -119,6 +122,12 @@ fi
 command -v python3 >/dev/null || die "python3 is required"
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python >= 3.11 is required"
 python3 -c 'import venv, ensurepip' 2>/dev/null || die "python3-venv is required (apt-get install python3-venv)"
+# No Docker here (no daemon.json, no /etc/docker, no dockerd): nothing to register with, and a
+# daemon.json written now would surprise a later Docker install.
+if [[ $docker == 1 ]] && ! docker_json present "$daemon_json"; then
+    say "no Docker found (no $daemon_json, no dockerd): not registering with Docker; install Docker, then run install.sh again"
+    docker=0
+fi
 # Refuse before changing anything when daemon.json cannot be merged.
 if [[ $docker == 1 ]]; then
     docker_json check "$daemon_json" || die "not registering with Docker; nothing was changed"

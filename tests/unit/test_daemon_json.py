@@ -56,3 +56,30 @@ def test_missing_or_empty_file(tmp_path: Path) -> None:
     assert daemon_json.main(["check", str(p)]) == 0
     assert daemon_json.main(["add", str(p), "eg", "/x"]) == 0
     assert json.loads(p.read_text()) == {"runtimes": {"eg": {"path": "/x"}}}
+
+
+def test_remove_takes_a_default_runtime_naming_it_along(tmp_path: Path) -> None:
+    """Docker refuses a daemon.json whose default-runtime is not defined (issue 20)."""
+    p = tmp_path / "daemon.json"
+    _write(p, {"runtimes": {"execgate": {"path": "/x"}}, "default-runtime": "execgate",
+               "debug": True})
+    assert daemon_json.main(["remove", str(p), "execgate", "/x"]) == 0
+    assert json.loads(p.read_text()) == {"debug": True}
+    # another's entry under that name is not ours: it and its default stay
+    _write(p, {"runtimes": {"execgate": {"path": "/other"}}, "default-runtime": "execgate"})
+    daemon_json.main(["remove", str(p), "execgate", "/x"])
+    assert json.loads(p.read_text())["default-runtime"] == "execgate"
+
+
+def test_docker_is_present_by_its_config_directory_or_dockerd(tmp_path: Path) -> None:
+    path = str(tmp_path / "etc" / "docker" / "daemon.json")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    assert not daemon_json.docker_present(path, search=str(bin_))
+    assert daemon_json.main(["present", path]) in (0, 1)  # this host's dockerd decides
+    (bin_ / "dockerd").write_text("#!/bin/sh\n")
+    (bin_ / "dockerd").chmod(0o755)
+    assert daemon_json.docker_present(path, search=str(bin_))
+    (bin_ / "dockerd").unlink()
+    (tmp_path / "etc" / "docker").mkdir(parents=True)
+    assert daemon_json.docker_present(path, search=str(bin_))
