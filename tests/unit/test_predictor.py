@@ -265,3 +265,27 @@ def test_predictor_eval_on_synthetic_traces_and_on_the_fixture(
     # the fixture is one attempt: too few tasks to split, said so, not a crash
     assert predictor_eval.main([str(FIXTURE)]) == 0
     assert "too few tasks" in capsys.readouterr().out
+
+
+def test_the_simulator_runs_admission_with_and_without_the_model(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sklearn")
+    from bench import predictor_sim
+
+    assert predictor_sim.main(["--train-tasks", "12", "--sandboxes", "3", "--budget", "4g",
+                               "--mean-gap", "1"]) == 0
+    out = capsys.readouterr().out
+    for run in ("hints = profiled peaks", "history (memload argv)", "| history |", "| model |"):
+        assert run in out
+
+
+def test_the_simulators_estimator_sees_the_agents_command_not_memloads() -> None:
+    from bench import predictor_sim
+    from bench.trace import MemoryProfile, ToolCall, memload_argv
+
+    step = ToolCall("python -m pytest tests -x", 3.0, MemoryProfile(0, 300 * MiB))
+    est = predictor_sim.CommandEstimator({tuple(memload_argv(step)): step.command},
+                                         EstimateConfig(), None)
+    assert est.estimate(CallInfo("c", "s", memload_argv(step))).source == "class-default:test"
+    assert HistoryEstimator().estimate(
+        CallInfo("c", "s", memload_argv(step))).source == "class-default:other"
