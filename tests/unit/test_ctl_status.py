@@ -9,7 +9,6 @@ import pytest
 from execgate.common import protocol
 from execgate.ctl import main as ctl
 
-
 STATUS = {"sandboxes": [], "daemon": {
     "calls": {"admitted": {"normal": 4, "forced": 1}, "finished": {"ok": 2, "oom_killed": 1},
               "unmanaged": 2, "admission_waits": {"count": 5, "sum_s": 2.5}},
