@@ -289,3 +289,36 @@ def test_the_simulators_estimator_sees_the_agents_command_not_memloads() -> None
     assert est.estimate(CallInfo("c", "s", memload_argv(step))).source == "class-default:test"
     assert HistoryEstimator().estimate(
         CallInfo("c", "s", memload_argv(step))).source == "class-default:other"
+
+
+def test_the_daemon_retrains_on_schedule_from_its_own_journal_and_loads_the_result(
+        tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    journal = tmp_path / "calls.jsonl"
+    with open(journal, "w") as f:
+        for i in range(240):  # 40 sandboxes of 6 calls: a test run grows, ls stays small
+            sb, k = f"sb{i // 6}", i % 6
+            argv = ["pytest", "-x"] if k % 2 else ["ls", "-la"]
+            f.write(json.dumps({"call": f"c{i}", "sandbox": sb, "argv": argv, "start": i,
+                                "end": i + 0.5, "pids_peak": 2,
+                                "memory_peak": (300 + 20 * k if k % 2 else 5) * MiB}) + "\n")
+    conf = tmp_path / "config.toml"
+    conf.write_text(f'journal = "{journal}"\n[daemon]\nstore = "{tmp_path / "none.sqlite"}"\n'
+                    f'[predictor]\ndir = "{tmp_path / "models"}"\nretrain_every_h = 0.001\n'
+                    'reload_s = 0.05\n')
+    from execgate.common import config as config_mod
+
+    cfg = config_mod.load(str(conf))
+    holder = Predictor(settings.load(cfg)[0].predictor, str(conf))
+    deadline = time.monotonic() + 120
+    while holder.model is None and time.monotonic() < deadline:
+        holder.step()
+        time.sleep(0.05)
+    assert holder.model is not None, holder.snapshot()
+    assert holder.model.path == str(tmp_path / "models" / "demand-1.json")
+    est = HistoryEstimator(EstimateConfig(), model=holder)
+    for i, argv in enumerate((["ls", "-la"], ["pytest", "-x"]) * 3):  # the daemon's warm-up
+        est.observe(CallInfo(f"w{i}", "old", argv),
+                    Outcome((320 if argv[0] == "pytest" else 5) * MiB, MiB, 0.5))
+    assert est.estimate(CallInfo("n", "new", ["pytest", "-x"])).peak_bytes > 256 * MiB
+    assert est.estimate(CallInfo("m", "new", ["ls", "-la"])).peak_bytes < 64 * MiB
