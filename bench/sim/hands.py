@@ -62,6 +62,10 @@ try:  # issue 15 §3: the idle room offered to call admission
     from execgate.daemon.idle_room import IdleRoom
 except ImportError:  # pragma: no cover - depends on the revision
     IdleRoom = None  # type: ignore[assignment,misc]
+try:  # and the time to peak it learns from finished calls
+    from execgate.policy.headroom import time_to_peak
+except ImportError:  # pragma: no cover - depends on the revision
+    time_to_peak = None  # type: ignore[assignment]
 
 # What the revision's policy takes (--policy-rev runs older ones): the action boundary and
 # reclaimable bytes in residency's views, the room asked of plan, the idle room of a step.
@@ -161,6 +165,8 @@ class ExecgateHands:
         self.active: set[str] = set()
         self.ended: set[str] = set()
         self.waiting: set[str] = set()  # calls submitted, not yet admitted (engine.pending)
+        # engine.LiveCall.rise: (time, bytes) where a running call grew 5 % since the last
+        self.rise: dict[str, list[tuple[float, int]]] = {}
         self.res = SimResidency(settings.residency, domain, clock, lambda: self._box_calls,
                                 self.reclaimed)
         headroom = getattr(settings, "headroom", None)
@@ -285,6 +291,11 @@ class ExecgateHands:
         info = self.calls.pop(call_id, None)
         self.running.pop(call_id, None)
         self.cpu.pop(call_id, None)
+        rise = self.rise.pop(call_id, None)
+        learns = self.idle_room is not None and hasattr(self.idle_room, "peak_times")
+        if rise and call is not None and learns and time_to_peak is not None:
+            peak = int(call.peak)
+            self.idle_room.peak_times.observe(time_to_peak(rise, rise[0][0], peak), peak)
         self.waiting.discard(call_id)
         if info is None:
             return []
@@ -353,6 +364,9 @@ class ExecgateHands:
             for cid, c in self.running.items():
                 if not c.held:
                     self.cpu[cid] += max(int(dt * 1e5), 1)  # page faults cost it CPU
+                rise = self.rise.setdefault(cid, [])
+                if c.level > (rise[-1][1] if rise else 0) * 1.05 and len(rise) < 256:
+                    rise.append((now, int(c.level)))
                 samples.append(Sample(cid, int(c.level), self.cpu[cid],
                                       self.calls[cid].declared_bytes, c.started))
             available = int(self.domain.budget - self.domain.usage())

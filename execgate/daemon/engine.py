@@ -26,6 +26,7 @@ from execgate.common import records
 from execgate.common.config import Config
 from execgate.policy.admission import Admission, Decision
 from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
+from execgate.policy.headroom import time_to_peak
 from execgate.policy.pressure import PressureReading, assess_pressure
 
 from .cgfiles import KeptFiles
@@ -48,6 +49,7 @@ NEVER_POPULATED_S = 120.0
 # ... and one empty since it held a task for this long: its watcher journals within a second,
 # seconds on a loaded emulated host, and removing the cgroup first loses the call's figures.
 EMPTIED_S = 30.0
+RISE_STEP = 1.05  # a call's memory sample is kept for its time to peak when 5 % above the last
 
 
 @dataclass
@@ -65,6 +67,8 @@ class LiveCall:
     mem_n: int = 0
     last_mem: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # (time, bytes) where its memory grew by RISE_STEP or more: when it neared its peak
+    rise: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def mem_avg(self) -> int | None:
@@ -354,6 +358,8 @@ class Engine:
             call.mem_sum += mem
             call.mem_n += 1
             call.last_mem = mem
+            if mem > (call.rise[-1][1] if call.rise else 0) * RISE_STEP and len(call.rise) < 256:
+                call.rise.append((now, mem))
             if self._leaked(call, now):
                 log.warning("call %s: %s is empty with no watcher left; released", cid,
                             call.cgroup)
@@ -406,6 +412,10 @@ class Engine:
         call = self.calls.pop(cid, None)
         if call is None:
             return
+        peak = entry.get("memory_peak") if entry else None
+        if isinstance(peak, int) and call.rise:  # how long it took to peak, for the idle room
+            self.idle_room.peak_times.observe(time_to_peak(call.rise, call.rise[0][0], peak),
+                                              peak)
         self.files.forget(call.cgroup)
         self.admission.release(cid)
         self.residency.touch(call.container)

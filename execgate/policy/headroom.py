@@ -29,7 +29,8 @@ Pure and I/O-free.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from execgate.policy.pressure import fmt_bytes
@@ -129,6 +130,48 @@ class Headroom:
     @property
     def total_bytes(self) -> int:
         return self.free_bytes + self.in_time_bytes
+
+
+def time_to_peak(rise: Sequence[tuple[float, int]], start: float, peak_bytes: int,
+                 share: float = 0.9) -> float | None:
+    """Seconds from a call's start until its memory first reached `share` of its peak, from
+    the samples at which it grew (time, bytes); None when no sample got there (a peak between
+    samples: nothing to learn)."""
+    want = share * max(peak_bytes, max((m for _t, m in rise), default=0))
+    for t, mem in rise:
+        if mem >= want:
+            return max(t - start, 0.0)
+    return None
+
+
+class PeakTimes:
+    """The time to peak of calls that finished on this host: how long swap-out has to make
+    the room an admitted call will need (issue 15 §3: "discounted by swap-out bandwidth over
+    the call's time to peak"). A low quantile of the last `window` calls that peaked at
+    MIN_PEAK_BYTES or more (small calls peak at once and need no room); the configured default
+    until MIN_CALLS are known. Lower is the safe side: an over-estimate lends bytes swap cannot
+    move before the call peaks."""
+
+    MIN_PEAK_BYTES = 16 << 20
+    MIN_CALLS = 8
+
+    def __init__(self, window: int = 64, quantile: float = 0.25) -> None:
+        self.quantile = quantile
+        self._seen: deque[float] = deque(maxlen=window)
+
+    def observe(self, seconds: float | None, peak_bytes: int) -> None:
+        if seconds is not None and peak_bytes >= self.MIN_PEAK_BYTES and seconds >= 0:
+            self._seen.append(seconds)
+
+    def estimate(self, default_s: float) -> float:
+        if len(self._seen) < self.MIN_CALLS:
+            return default_s
+        ordered = sorted(self._seen)
+        return ordered[min(int(self.quantile * len(ordered)), len(ordered) - 1)]
+
+    @property
+    def learned(self) -> int:
+        return len(self._seen)
 
 
 def in_time_bytes(reclaimable_bytes: int, bytes_per_s: float, time_to_peak_s: float) -> int:

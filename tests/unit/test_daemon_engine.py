@@ -269,3 +269,32 @@ def test_the_loop_slows_down_only_while_nothing_runs_waits_or_presses(tmp_path: 
         assert not eng.reading.state
 
     asyncio.run(scenario())
+
+
+def test_the_idle_room_learns_how_long_calls_take_to_peak(tmp_path: Path) -> None:
+    """The idle room's time to peak is what calls here took, once enough have finished: memory
+    sampled as it grows, the journal's memory.peak its end (issue 15 §3)."""
+    async def scenario() -> None:
+        eng, clock, journal = _engine(tmp_path, budget=2048 * MiB, used=0)
+        eng.tick()
+        room = eng.idle_room
+        assert room.time_to_peak_s() == 1.0  # [headroom] default_time_to_peak_s
+        for i in range(8):
+            cg = tmp_path / "box" / f"tool-{i}"
+            cg.mkdir(parents=True)
+            _, fut = eng.submit({**_admit_msg(i, 100 * MiB), "cgroup": str(cg)})
+            assert fut.done()
+            for mib in (10, 40, 70, 95, 100, 100):  # 1 s apart: 90 % of its peak after 3 s
+                (cg / "memory.current").write_text(f"{mib * MiB}\n")
+                eng.tick()
+                clock.t += 1.0
+            with open(journal, "a") as f:
+                f.write(json.dumps({"call": f"tool-{i}", "container": "c", "sandbox": "c",
+                                    "argv": ["pytest"], "memory_peak": 100 * MiB,
+                                    "pids_peak": 1, "exit_code": 0}) + "\n")
+            eng.tick()
+            assert f"tool-{i}" not in eng.calls
+        assert room.peak_times.learned == 8 and room.time_to_peak_s() == 3.0
+        assert eng.snapshot()["idle_room"]["time_to_peak_s"] == 3.0
+
+    asyncio.run(scenario())

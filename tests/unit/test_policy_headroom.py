@@ -127,3 +127,19 @@ def test_a_push_into_zswap_frees_less_its_compressed_copy() -> None:
     assert freed_bytes(30, 90, 0.0) == 120
     assert freed_bytes(30, 90, 1 / 3) == 90  # page cache whole, anon less a third
     assert freed_bytes(-5, 90, 2.0) == 0  # nonsense is clamped, never negative
+
+
+def test_time_to_peak_from_the_samples_where_a_call_grew() -> None:
+    from execgate.policy.headroom import PeakTimes, time_to_peak
+
+    rise = [(10.0, 5), (11.0, 50), (12.5, 91), (14.0, 100)]
+    assert time_to_peak(rise, 10.0, 100) == 2.5  # 90 % at 12.5 s
+    assert time_to_peak(rise, 10.0, 200) is None  # peaked between samples: nothing learned
+    times = PeakTimes(window=16)
+    for s in (8.0, 1.0, 4.0, 2.0, 6.0, 3.0, 5.0):
+        times.observe(s, 64 << 20)
+    times.observe(0.0, 1 << 20)  # a small call peaks at once: not what the room is for
+    times.observe(None, 64 << 20)
+    assert times.learned == 7 and times.estimate(1.5) == 1.5  # fewer than MIN_CALLS
+    times.observe(7.0, 64 << 20)
+    assert times.estimate(1.5) == 3.0  # the low quantile of 1..8
