@@ -56,7 +56,8 @@ from execgate.common.units import GiB, MiB
 from .predictor_features import CallHistory
 
 PRIORITIES = ("high", "normal", "low")
-# Predictions remembered for calls not yet observed (the model's online correction).
+# Predictions remembered for calls not yet observed, and (sandbox, class) windows of the
+# model's online correction.
 MAX_PREDICTED = 4096
 # Modelled calls of a (sandbox, class) before their observed / predicted ratio corrects the
 # model: one call above a 0.8 quantile is the quantile working, three in a row are not.
@@ -313,6 +314,8 @@ class HistoryEstimator:
             ratio = _clamp(max(peak, 1) / predicted, 1.0 / cfg.ratio_clamp, cfg.ratio_clamp)
             _Window.add(self._model_logs, (call.sandbox, cls), cfg.history_window,
                         math.log(ratio), 0.0)
+            if len(self._model_logs) > MAX_PREDICTED:  # the oldest (sandbox, class) goes
+                del self._model_logs[next(iter(self._model_logs))]
 
     def forget_sandbox(self, sandbox: str) -> None:
         """Drop a removed sandbox's history (keeps memory bounded by live sandboxes)."""

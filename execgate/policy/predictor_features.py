@@ -33,8 +33,10 @@ WORD_BUCKETS = 128
 CLASSES = tuple(sorted(CLASS_RANK, key=CLASS_RANK.__getitem__))
 # Peaks kept per sandbox and per class for the window statistics.
 WINDOW = 8
-# Commands remembered host-wide (least recently seen forgotten first).
+# Commands remembered host-wide and per sandbox, and sandboxes remembered (least recently seen
+# forgotten first: the daemon never hears that a sandbox is gone for good).
 MAX_COMMANDS = 4096
+MAX_SANDBOXES = 4096
 
 _TOKEN = re.compile(r"[a-z_][a-z0-9_]*|\d+")
 
@@ -116,7 +118,7 @@ class CallHistory:
     """What earlier calls did, per sandbox and host-wide; the features of the next call."""
 
     def __init__(self) -> None:
-        self._sandboxes: dict[str, _Sandbox] = {}
+        self._sandboxes: OrderedDict[str, _Sandbox] = OrderedDict()
         self._commands: OrderedDict[str, _Peaks] = OrderedDict()
         self._classes: dict[str, _Peaks] = {}
 
@@ -155,7 +157,10 @@ class CallHistory:
         cls = classify_command(argv)
         key = command_key(argv)
         peak = _mib(max(peak_bytes, 0))
-        sb = self._sandboxes.setdefault(sandbox, _Sandbox())
+        sb = self._sandboxes.pop(sandbox, None) or _Sandbox()
+        self._sandboxes[sandbox] = sb
+        while len(self._sandboxes) > MAX_SANDBOXES:
+            self._sandboxes.popitem(last=False)
         sb.all.add(peak)
         sb.last_duration = max(duration_s, 0.0)
         sb.by_class.setdefault(cls, _Peaks()).add(peak)

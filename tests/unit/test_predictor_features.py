@@ -6,6 +6,8 @@ import random
 import subprocess
 import sys
 
+import pytest
+
 from execgate.common.units import MiB
 from execgate.ctl.model_data import CallRow, causal_split, features
 from execgate.policy.predictor_features import (
@@ -94,3 +96,16 @@ def test_a_causal_split_trains_on_the_earlier_tasks() -> None:
             for g, t in (("late", 50.0), ("early", 1.0), ("mid", 20.0), ("early", 60.0))]
     train, test = causal_split(rows, 0.67)
     assert train == {"early", "mid"} and test == {"late"}
+
+
+def test_what_is_remembered_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execgate.policy import predictor_features as pf
+
+    monkeypatch.setattr(pf, "MAX_SANDBOXES", 3)
+    monkeypatch.setattr(pf, "MAX_COMMANDS", 2)
+    h = CallHistory()
+    for i in range(5):
+        h.observe(f"sb{i}", ["make", f"t{i}"], MiB)
+        h.observe("busy", ["cat", f"f{i}"], MiB)
+    assert list(h._sandboxes) == ["sb3", "sb4", "busy"]  # least recently seen forgotten
+    assert len(h._commands) == 2 and len(h._sandboxes["busy"].by_command) == 2
