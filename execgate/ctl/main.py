@@ -75,6 +75,8 @@ def print_daemon(d: dict[str, Any]) -> None:
     running = adm.get("running") or []
     print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "
           f"{len(queued)} queued; history: {d.get('history_calls', 0)} calls")
+    if d.get("predictor"):
+        print(model_cmd.status_line(d["predictor"]))
     print_counts(d.get("calls") or {}, d.get("config") or {})
     if queued:
         print(f"\nQUEUED ({len(queued)})")

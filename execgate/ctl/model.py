@@ -169,5 +169,21 @@ def show(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
+def status_line(p: dict[str, Any]) -> str:
+    """`execgatectl status`'s line for the daemon's predictor (status.daemon.predictor)."""
+    m = p.get("model")
+    if not p.get("enabled"):
+        state = "disabled ([predictor] enabled = false): history estimates only"
+    elif m:
+        state = (f"model version {m.get('version')} ({m.get('path')}, quantile "
+                 f"{m.get('quantile', '?')})")
+    else:
+        state = "no model: history estimates only"
+    extra = [f"last file refused: {p['error']}"] if p.get("error") else []
+    if p.get("retraining"):
+        extra.append("retraining now")
+    return f"demand model: {state}" + "".join(f"; {e}" for e in extra)
+
+
 def run(args: argparse.Namespace, cfg: Config) -> int:
     return train(args, cfg) if args.model_cmd == "train" else show(args, cfg)

@@ -446,6 +446,7 @@ class Engine:
             "sandbox_admission": self.sandboxes.snapshot(),
             "probes": self.probes.snapshot(),
             "history_calls": self.store.count(),
+            "predictor": self.predictor.snapshot(),
             "loop": self.loop.snapshot(),
             "uptime_s": round(time.time() - self.started, 1),
         }

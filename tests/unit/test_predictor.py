@@ -1,6 +1,7 @@
 """The learned demand model in the daemon: its file, its fallbacks, the estimator's hook and its
 online correction, `execgatectl model train|show` and bench/predictor_eval.py (issue 22)."""
 
+import asyncio
 import json
 import logging
 import os
@@ -13,12 +14,14 @@ import pytest
 
 from bench import generate, predictor_eval
 from bench.trace import save_tasks
+from execgate.common import protocol
 from execgate.common.commands import TEST
 from execgate.common.config import Config
 from execgate.common.units import MiB
 from execgate.ctl import main as ctl_main
 from execgate.ctl import model_data
 from execgate.daemon import predictor, settings
+from execgate.daemon.engine import Engine
 from execgate.daemon.predictor import Predictor, PredictorConfig
 from execgate.policy.estimate import (
     CallInfo,
@@ -322,3 +325,42 @@ def test_the_daemon_retrains_on_schedule_from_its_own_journal_and_loads_the_resu
                     Outcome((320 if argv[0] == "pytest" else 5) * MiB, MiB, 0.5))
     assert est.estimate(CallInfo("n", "new", ["pytest", "-x"])).peak_bytes > 256 * MiB
     assert est.estimate(CallInfo("m", "new", ["ls", "-la"])).peak_bytes < 64 * MiB
+
+
+def test_the_daemon_charges_an_undeclared_call_the_models_peak_and_shows_the_model(
+        tmp_path: Path) -> None:
+    dom = tmp_path / "domain"
+    dom.mkdir()
+    (dom / "memory.max").write_text(f"{4096 * MiB}\n")
+    (dom / "memory.current").write_text(f"{64 * MiB}\n")
+    _write(tmp_path / "models", _doc(version=7))
+    cfg = Config(state_dir=str(tmp_path / "state"), journal=str(tmp_path / "calls.jsonl"),
+                 tables={"daemon": {"domain": str(dom), "store": str(tmp_path / "h.sqlite")},
+                         "predictor": {"dir": str(tmp_path / "models")}})
+    s, problems = settings.load(cfg)
+    assert problems == []
+
+    async def scenario() -> None:
+        eng = Engine(cfg, s, lambda: 1000.0)
+        eng.tick()  # the first tick loads the model
+        answer, _fut = eng.submit({"call": "tool-1", "container": "c", "sandbox": "c",
+                                   "cgroup": "/nope/tool-1", "argv": ["pytest", "-x"],
+                                   "hint": None})
+        assert (answer["peak"], answer["source"]) == (600 * MiB, "model:test")
+        snap = eng.snapshot()["predictor"]
+        assert snap["model"]["version"] == 7 and snap["error"] is None
+        protocol.encode(snap)  # the status answer carries it
+
+    asyncio.run(scenario())
+
+
+def test_status_says_which_model_predicts() -> None:
+    from execgate.ctl.model import status_line
+
+    assert status_line({"enabled": True, "model": None}) == \
+        "demand model: no model: history estimates only"
+    line = status_line({"enabled": True, "model": {"version": 3, "path": "/m/demand-3.json",
+                                                   "quantile": 0.85},
+                        "error": "/m/demand-4.json: not JSON", "retraining": True})
+    assert line == ("demand model: model version 3 (/m/demand-3.json, quantile 0.85); last "
+                    "file refused: /m/demand-4.json: not JSON; retraining now")
