@@ -153,7 +153,7 @@ def show(args: argparse.Namespace, cfg: Config) -> int:
     print(f"models in {directory}: {len(out['versions'])}; predictor "
           f"{'enabled' if pcfg.enabled else 'disabled'} ([predictor] enabled)")
     if out["error"]:
-        print(f"  cannot use {target}: {out['error']}")
+        print(f"  cannot use it: {out['error']}")
         return 1
     m = out["model"]
     if m is None:

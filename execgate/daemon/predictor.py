@@ -2,16 +2,17 @@
 plain Python.
 
 `execgatectl model train` fits scikit-learn's gradient boosting and exports its trees into
-`<state_dir>/models/demand-<N>.json` (this module's format); the daemon loads the newest one
-(or the file `[predictor] model` names) and never imports scikit-learn, numpy or pickle: a
-pickled model breaks with every scikit-learn release and runs code at load, a tree is five
-lists. Walking 3 x ~100 shallow trees costs ~0.1-0.3 ms a call, under the 1 ms budget.
+`[predictor] dir` (/var/lib/execgate/models/demand-<N>.json, this module's format); the daemon
+loads the newest one (or the file `[predictor] model` names) and never imports scikit-learn,
+numpy or pickle: a pickled model breaks with every scikit-learn release and runs code at load,
+a tree is five lists. Walking the ~300 shallow trees costs ~0.05 ms a call (1 ms is the
+budget).
 
-A missing, corrupt or mismatched model (another `FEATURE_VERSION`) leaves the estimator on its
-history rules; the reason is logged once per file. `Predictor` is what the estimator holds: it
-answers None while it has no model, looks for a newer version every `reload_s`, and, with
-`retrain_every_h`, runs `execgatectl model train` (niced, in the background) on the host's own
-history when the newest model is older than that.
+A missing, corrupt or mismatched model (another `FEATURE_VERSION`) leaves the estimator on the
+version before it, else on its history rules; the reason is logged once per file. `Predictor`
+is what the estimator holds: it answers None while it has no model, looks for a newer version
+every `reload_s`, and, with `retrain_every_h`, runs `execgatectl model train` (niced, in the
+background) on the host's own history when the newest model is older than that.
 """
 
 from __future__ import annotations
@@ -211,7 +212,9 @@ class Predictor:
         self.model: DemandModel | None = None
         self.error: str | None = None
         self.failures = 0  # predictions that raised (the model is dropped at the first)
-        self._seen: tuple[str, int] | None = None  # (path, mtime_ns) last tried
+        self._loaded: tuple[str, int] | None = None  # (path, mtime_ns) of the model in use
+        self._refused: dict[tuple[str, int], str] = {}  # files that failed (logged once): why
+        self._said_none = False
         self._checked = float("-inf")
         self._training: subprocess.Popen[bytes] | None = None
         self._trained_at = float("-inf")
@@ -228,9 +231,6 @@ class Predictor:
             log.warning("predictor: %s; history estimates only", self.error)
             return None
 
-    def target(self) -> str | None:
-        return self.cfg.model or latest(self.cfg.dir)
-
     def step(self) -> None:
         """Every control period: reload and retrain when due (a stat at most every reload_s)."""
         now = self.clock()
@@ -241,36 +241,47 @@ class Predictor:
         self._retrain(now)
 
     def reload(self) -> None:
-        """Load the target when it is new or changed; a file that fails is logged once and
-        not tried again until it changes (the model in use, if any, stays)."""
-        target = self.target()
-        if target is None:
-            if self._seen != ("", 0):
-                log.info("predictor: no model in %s; history estimates only", self.cfg.dir)
-                self._seen, self.error = ("", 0), None
+        """Use the newest version that loads (or `[predictor] model`): a file that fails is
+        logged once and passed over until it changes, so a torn or foreign newest version
+        leaves the one before it in use, or the history rules when there is none."""
+        paths = [self.cfg.model] if self.cfg.model else \
+            [p for _v, p in reversed(versions(self.cfg.dir))]
+        if not paths:
+            if not self._said_none:
+                log.info("predictor: no model in %s; %s", self.cfg.dir,
+                         "the model in use stays" if self.model else "history estimates only")
+                self._said_none = True
             return
-        try:
-            seen = (target, os.stat(target).st_mtime_ns)
-        except OSError as e:
-            seen = (target, -1)
-            if self._seen != seen:
-                self._seen, self.error = seen, f"{target}: {e.strerror or e}"
-                log.warning("predictor: %s; history estimates only", self.error)
+        self._said_none = False
+        self.error = None  # the newest file refused in this pass, if any
+        for path in paths:
+            try:
+                key = (path, os.stat(path).st_mtime_ns)
+            except OSError as e:
+                self._refuse((path, -1), f"{path}: {e.strerror or e}")
+                continue
+            if key == self._loaded:
+                return  # the newest usable one is in use already
+            if key in self._refused:
+                self.error = self.error or self._refused[key]
+                continue
+            try:
+                model = load(path)
+                if not all(math.isfinite(h.base) for h in model.heads.values()):
+                    raise ModelError(f"{path}: a non-finite base")
+            except ModelError as e:
+                self._refuse(key, str(e))
+                continue
+            self.model, self._loaded = model, key
+            log.info("predictor: model %s (version %d) loaded", path, model.version)
             return
-        if seen == self._seen:
-            return
-        self._seen = seen
-        try:
-            model = load(target)
-            if not all(math.isfinite(h.base) for h in model.heads.values()):
-                raise ModelError(f"{target}: a non-finite base")
-        except ModelError as e:
-            self.error = str(e)
-            log.warning("predictor: %s; %s", e, "the model in use stays" if self.model
+
+    def _refuse(self, key: tuple[str, int], why: str) -> None:
+        self.error = self.error or why
+        if key not in self._refused:
+            self._refused[key] = why
+            log.warning("predictor: %s; %s", why, "the model in use stays" if self.model
                         else "history estimates only")
-            return
-        self.model, self.error = model, None
-        log.info("predictor: model %s (version %d) loaded", target, model.version)
 
     def _retrain(self, now: float) -> None:
         if self._training is not None:

@@ -364,3 +364,18 @@ def test_status_says_which_model_predicts() -> None:
                         "error": "/m/demand-4.json: not JSON", "retraining": True})
     assert line == ("demand model: model version 3 (/m/demand-3.json, quantile 0.85); last "
                     "file refused: /m/demand-4.json: not JSON; retraining now")
+
+
+def test_a_torn_newest_version_leaves_the_one_before_it_in_use(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _write(tmp_path, _doc(version=1), version=1)
+    _write(tmp_path, "{torn", version=2)
+    now = [0.0]
+    holder = Predictor(PredictorConfig(dir=str(tmp_path), reload_s=1), clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, "execgated"):
+        for _ in range(3):
+            holder.step()
+            now[0] += 2
+    assert holder.model is not None and holder.model.path.endswith("demand-1.json")
+    assert "demand-2.json: not JSON" in (holder.error or "")
+    assert len([r for r in caplog.records if "not JSON" in r.message]) == 1
