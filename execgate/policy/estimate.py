@@ -270,7 +270,7 @@ class HistoryEstimator:
         sandbox the model under-predicts (a workload unlike its training data) costs OOM
         kills. `own` (the class history) is no floor: its recent max would undo the model."""
         assert self.model is not None
-        pred = self.model.predict(self.calls.features(call.sandbox, call.argv))
+        pred = self.model.predict(self.calls.features(call.sandbox, call.argv, cls=cls))
         if pred is None:
             return None
         peak = max(pred.high_bytes, pred.peak_bytes, 1)
@@ -308,7 +308,7 @@ class HistoryEstimator:
         cls = classify_command(call.argv)
         for store, key in ((self._by_sandbox, (call.sandbox, cls)), (self._by_class, cls)):
             _Window.add(store, key, cfg.history_window, peak, avg)
-        self.calls.observe(call.sandbox, call.argv, peak, outcome.duration_s)
+        self.calls.observe(call.sandbox, call.argv, peak, outcome.duration_s, cls)
         predicted = self._predicted.pop(call.call_id, None)
         if predicted:
             ratio = _clamp(max(peak, 1) / predicted, 1.0 / cfg.ratio_clamp, cfg.ratio_clamp)

@@ -37,6 +37,9 @@ WINDOW = 8
 # forgotten first: the daemon never hears that a sandbox is gone for good).
 MAX_COMMANDS = 4096
 MAX_SANDBOXES = 4096
+# Characters of a command line its words are hashed from, and that name "the same command": an
+# agent's 64 KiB argv must not cost the daemon milliseconds per estimate.
+MAX_KEY_CHARS = 4096
 
 _TOKEN = re.compile(r"[a-z_][a-z0-9_]*|\d+")
 
@@ -60,7 +63,7 @@ def command_key(argv: Sequence[str]) -> str:
     if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and argv[1].startswith("-") \
             and argv[1].endswith("c"):
         argv = argv[2:]
-    return " ".join(" ".join(argv).split())
+    return " ".join(" ".join(argv).split())[:MAX_KEY_CHARS]
 
 
 def tokens(text: str) -> list[str]:
@@ -122,10 +125,11 @@ class CallHistory:
         self._commands: OrderedDict[str, _Peaks] = OrderedDict()
         self._classes: dict[str, _Peaks] = {}
 
-    def features(self, sandbox: str, argv: Sequence[str],
-                 declared_bytes: int | None = None) -> list[float]:
-        """The call's vector (NAMES), from the history before it."""
-        cls = classify_command(argv)
+    def features(self, sandbox: str, argv: Sequence[str], declared_bytes: int | None = None,
+                 cls: str | None = None) -> list[float]:
+        """The call's vector (NAMES), from the history before it; `cls`: its command class when
+        the caller has it already (classifying a long command line is not free)."""
+        cls = cls or classify_command(argv)
         key = command_key(argv)
         sb = self._sandboxes.get(sandbox) or _Sandbox()
         empty = _Peaks()
@@ -152,9 +156,9 @@ class CallHistory:
         return vec
 
     def observe(self, sandbox: str, argv: Sequence[str], peak_bytes: int,
-                duration_s: float = 0.0) -> None:
+                duration_s: float = 0.0, cls: str | None = None) -> None:
         """Record a finished call (its observed peak) for the calls after it."""
-        cls = classify_command(argv)
+        cls = cls or classify_command(argv)
         key = command_key(argv)
         peak = _mib(max(peak_bytes, 0))
         sb = self._sandboxes.pop(sandbox, None) or _Sandbox()
