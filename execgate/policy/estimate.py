@@ -60,7 +60,7 @@ PRIORITIES = ("high", "normal", "low")
 # model's online correction.
 MAX_PREDICTED = 4096
 # Modelled calls of a (sandbox, class) before their observed / predicted ratio corrects the
-# model: one call above a 0.8 quantile is the quantile working, three in a row are not.
+# model: one call above a high quantile is the quantile working, three in a row are not.
 MODEL_CORRECTION_CALLS = 3
 
 
@@ -195,8 +195,8 @@ class _Window:
 
 @dataclass
 class HistoryEstimator:
-    """Declared-hint GM correction (per sandbox), then (sandbox, class) / class history, then
-    class defaults."""
+    """Declared-hint GM correction (per sandbox), then the learned model if any (corrected
+    online), then (sandbox, class) / class history, then class defaults."""
 
     config: EstimateConfig = field(default_factory=EstimateConfig)
     # The learned predictor for undeclared calls (issue 22); None: history rules only.
