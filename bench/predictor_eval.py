@@ -17,6 +17,9 @@ tasks' undeclared calls only:
 * model-point: the model's median peak alone (the lowest MAE it can show, not what admission
   uses).
 
+The average (what admission charges a running call) is scored too, where the source has it
+(traces; a store's sampled averages; not a bare journal).
+
 Reported: MAE (MiB), heavy-call precision and recall (actual >= 256 MiB and >= --heavy-mib;
 predicted the same), under-estimates (predicted < actual: OOM risk), inference time.
 """
@@ -25,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from execgate.ctl import model_data, model_train
 from execgate.daemon import predictor
 from execgate.policy.estimate import (
     CallInfo,
+    Demand,
     EstimateConfig,
     HistoryEstimator,
     Outcome,
@@ -64,41 +69,41 @@ def load_rows(root: str, bash_only: bool = False) -> list[model_data.CallRow]:
     return rows
 
 
-def replay(rows: Sequence[model_data.CallRow], estimate: Callable[[CallInfo], int],
-           observe: Callable[[CallInfo, model_data.CallRow], None]) -> dict[int, int]:
-    """Predicted peak of every row (by index), estimated at its arrival, learnt at its end."""
+def replay(rows: Sequence[model_data.CallRow], est: HistoryEstimator) -> dict[int, Demand]:
+    """The demand of every row (by index), estimated at its arrival, learnt at its end."""
     events = sorted([(r.arrive, 1, i) for i, r in enumerate(rows)]
                     + [(r.end, 0, i) for i, r in enumerate(rows)])
-    out: dict[int, int] = {}
+    out: dict[int, Demand] = {}
     for _t, kind, i in events:
         r = rows[i]
         info = CallInfo(f"c{i}", r.sandbox, r.argv, r.declared_bytes)
         if kind == 1:
-            out[i] = estimate(info)
+            out[i] = est.estimate(info)
         else:
-            observe(info, r)
+            est.observe(info, Outcome(r.peak_bytes, r.avg_bytes or r.peak_bytes // 2,
+                                      r.duration_s, r.oom_killed))
     return out
 
 
-def _learn(est: HistoryEstimator) -> Callable[[CallInfo, model_data.CallRow], None]:
-    def observe(info: CallInfo, r: model_data.CallRow) -> None:
-        est.observe(info, Outcome(r.peak_bytes, r.avg_bytes or r.peak_bytes // 2,
-                                  r.duration_s, r.oom_killed))
-    return observe
-
-
-def scores(pred: Sequence[int], actual: Sequence[int],
+def scores(pred: Sequence[Demand], rows: Sequence[model_data.CallRow],
            heavy_mib: Sequence[int]) -> dict[str, Any]:
-    n = len(actual)
+    """MAE of the peak (and of the average, over the calls whose average is known), heavy-call
+    precision and recall, under-estimates."""
+    n = len(rows)
     out: dict[str, Any] = {"calls": n}
     if not n:
         return out
-    out["mae_mib"] = sum(abs(p - a) for p, a in zip(pred, actual, strict=True)) / n / MiB
-    out["under_pct"] = 100 * sum(p < a for p, a in zip(pred, actual, strict=True)) / n
+    actual = [r.peak_bytes for r in rows]
+    avgs = [(d.avg_bytes, r.avg_bytes) for d, r in zip(pred, rows, strict=True)
+            if r.avg_bytes is not None]
+    out["avg_mae_mib"] = sum(abs(p - a) for p, a in avgs) / len(avgs) / MiB if avgs else None
+    peaks = [d.peak_bytes for d in pred]
+    out["mae_mib"] = sum(abs(p - a) for p, a in zip(peaks, actual, strict=True)) / n / MiB
+    out["under_pct"] = 100 * sum(p < a for p, a in zip(peaks, actual, strict=True)) / n
     for h in heavy_mib:
         lim = h * MiB
-        tp = sum(p >= lim and a >= lim for p, a in zip(pred, actual, strict=True))
-        pp = sum(p >= lim for p in pred)
+        tp = sum(p >= lim and a >= lim for p, a in zip(peaks, actual, strict=True))
+        pp = sum(p >= lim for p in peaks)
         ap = sum(a >= lim for a in actual)
         out[f"heavy{h}"] = {"actual": ap, "predicted": pp,
                             "precision_pct": 100 * tp / pp if pp else None,
@@ -124,24 +129,22 @@ def evaluate(rows: list[model_data.CallRow], train_fraction: float = 0.7,
                           [ordered[i].avg_bytes for i in tr], cfg)
     model = predictor.parse(json.loads(json.dumps(doc)))
     econf = EstimateConfig()
-    preds: dict[str, dict[int, int]] = {
-        "class-default": {i: econf.default_peak(classify_command(r.argv))
-                          for i, r in enumerate(ordered)}}
-    hist = HistoryEstimator(econf)
-    preds["history-only"] = replay(ordered, lambda c: hist.estimate(c).peak_bytes, _learn(hist))
-    withm = HistoryEstimator(econf, model=model)
-    preds["model"] = replay(ordered, lambda c: withm.estimate(c).peak_bytes, _learn(withm))
-    point: dict[int, int] = {}
+    preds: dict[str, dict[int, Demand]] = {"class-default": {}}
+    for i, r in enumerate(ordered):
+        peak = econf.default_peak(classify_command(r.argv))
+        preds["class-default"][i] = Demand(math.ceil(peak * econf.avg_fraction), peak, "")
+    preds["history-only"] = replay(ordered, HistoryEstimator(econf))
+    preds["model"] = replay(ordered, HistoryEstimator(econf, model=model))
+    point: dict[int, Demand] = {}
     times = []
     for i in te:
         t0 = time.perf_counter()
         p = model.predict(x[i])
         times.append(time.perf_counter() - t0)
-        point[i] = p.peak_bytes
+        point[i] = Demand(p.avg_bytes or 0, p.peak_bytes, "")
     preds["model-point"] = point
-    actual = [ordered[i].peak_bytes for i in te]
     result["estimators"] = {
-        name: scores([p[i] for i in te], actual, (HEAVY_MIB, heavy_mib))
+        name: scores([p[i] for i in te], [ordered[i] for i in te], (HEAVY_MIB, heavy_mib))
         for name, p in preds.items()}
     result["inference_ms"] = {"p50": 1e3 * percentile(times, 50),
                               "p99": 1e3 * percentile(times, 99)}
@@ -160,13 +163,14 @@ def markdown(result: dict[str, Any], heavy_mib: int) -> str:
     if "estimators" not in result:
         return "\n".join([*lines, result.get("note", "")])
     lines += ["", f"| estimator | MAE (MiB) | under-estimates | >= {HEAVY_MIB} MiB precision / "
-              f"recall | >= {heavy_mib} MiB precision / recall |",
-              "| --- | ---: | ---: | ---: | ---: |"]
+              f"recall | >= {heavy_mib} MiB precision / recall | average's MAE (MiB) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, s in result["estimators"].items():
         a, b = s[f"heavy{HEAVY_MIB}"], s[f"heavy{heavy_mib}"]
+        avg = "–" if s["avg_mae_mib"] is None else f"{s['avg_mae_mib']:.1f}"
         lines.append(f"| {name} | {s['mae_mib']:.1f} | {s['under_pct']:.1f} % | "
                      f"{_pct(a['precision_pct'])} / {_pct(a['recall_pct'])} % | "
-                     f"{_pct(b['precision_pct'])} / {_pct(b['recall_pct'])} % |")
+                     f"{_pct(b['precision_pct'])} / {_pct(b['recall_pct'])} % | {avg} |")
     h = result["estimators"]["model"][f"heavy{HEAVY_MIB}"]
     t = result["inference_ms"]
     lines += ["", f"Heavy (>= {HEAVY_MIB} MiB) test calls: {h['actual']}. Model inference: "
