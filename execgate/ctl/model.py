@@ -4,10 +4,12 @@
     execgatectl model show [--json]
 
 `train` reads finished calls (by default the daemon's history store, else its journal; or any
-journals, stores, trace files or directories of them given with --from), measures the model on
-a causal hold-out (trained on the earlier 80 % of the tasks, scored on the later 20 %), fits it
-again on everything and writes the next version in `[predictor] dir`; the daemon picks
-it up within `[predictor] reload_s`. `show` lists the versions and what the newest one scored.
+journals, stores, execgate-trace/1 files or directories of them given with --from; AgentCgroup
+measurements become a trace file with `python3 -m bench.agentcgroup_import` from a checkout),
+measures the model on a causal hold-out (trained on the earlier 80 % of the tasks, scored on
+the later 20 %), fits it again on everything and writes the next version in `[predictor] dir`;
+the daemon picks it up within `[predictor] reload_s`. `show` lists the versions and what the
+newest one scored.
 """
 
 from __future__ import annotations

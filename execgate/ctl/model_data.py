@@ -41,6 +41,7 @@ class CallRow:
     peak_bytes: int
     avg_bytes: int | None
     oom_killed: bool = False
+    call: str = ""  # the journal's call id ("" for a trace's step)
 
     @property
     def duration_s(self) -> float:
@@ -71,7 +72,8 @@ def journal_row(entry: dict[str, Any], avg: int | None = None) -> CallRow | None
     return CallRow(sandbox, sandbox, tuple(str(a) for a in entry.get("argv") or []),
                    _declared(entry.get("hint")), float(start),
                    max(float(end), float(start) + _EPSILON_S), peak,
-                   avg if isinstance(avg, int) else None, bool(entry.get("oom_killed")))
+                   avg if isinstance(avg, int) else None, bool(entry.get("oom_killed")),
+                   str(entry.get("call") or ""))
 
 
 def journal_rows(path: str) -> list[CallRow]:
@@ -134,7 +136,8 @@ def trace_rows(path: str) -> list[CallRow]:
 
 def rows_from(paths: Iterable[str]) -> list[CallRow]:
     """Rows of every file: *.sqlite a history store, a file of journal entries (a `call` key)
-    or of trace tasks (`steps`), told apart by their first line."""
+    or of trace tasks (`steps`), told apart by their first line. A call found twice (the
+    journal and the store beside it) counts once, with its average if either has it."""
     out: list[CallRow] = []
     for path in paths:
         if path.endswith((".sqlite", ".db")):
@@ -148,7 +151,17 @@ def rows_from(paths: Iterable[str]) -> list[CallRow]:
             head = {}
         out += trace_rows(path) if isinstance(head, dict) and "steps" in head \
             else journal_rows(path)
-    return out
+    seen: dict[str, int] = {}
+    unique: list[CallRow] = []
+    for r in out:
+        if not r.call:
+            unique.append(r)
+        elif r.call not in seen:
+            seen[r.call] = len(unique)
+            unique.append(r)
+        elif r.avg_bytes is not None and unique[seen[r.call]].avg_bytes is None:
+            unique[seen[r.call]] = r
+    return unique
 
 
 def find_sources(root: str) -> list[str]:

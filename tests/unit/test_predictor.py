@@ -379,3 +379,17 @@ def test_a_torn_newest_version_leaves_the_one_before_it_in_use(
     assert holder.model is not None and holder.model.path.endswith("demand-1.json")
     assert "demand-2.json: not JSON" in (holder.error or "")
     assert len([r for r in caplog.records if "not JSON" in r.message]) == 1
+
+
+def test_a_call_in_the_journal_and_the_store_counts_once_with_its_average(
+        tmp_path: Path) -> None:
+    from execgate.daemon.store import Store
+
+    entry = {"call": "a", "sandbox": "s", "argv": ["make"], "start": 1.0, "end": 2.0,
+             "memory_peak": 300 * MiB, "pids_peak": 2}
+    (tmp_path / "calls.jsonl").write_text(json.dumps(entry) + "\n")
+    store = Store(str(tmp_path / "history.sqlite"))
+    store.add(entry, 120 * MiB)
+    store.close()
+    rows = model_data.rows_from(model_data.find_sources(str(tmp_path)))
+    assert [(r.call, r.avg_bytes) for r in rows] == [("a", 120 * MiB)]
