@@ -50,7 +50,7 @@ python=$repo/.venv/bin/python
 [[ -x $python ]] || python=python3
 shopt -s nullglob
 runs=("$out"/policy/repeat-*/results.json)
-base=("$out"/baselines/baselines/results.json)
+base=("$out"/baselines/baselines/results.jso[n])  # a glob: nothing without the baselines boot
 if (( ${#runs[@]} == 0 )); then
     echo "fleet_results.sh: no results came back (see $out/*.log)" >&2
     exit 1
