@@ -247,7 +247,7 @@ class Residency:
             done["published"] = True
             self.events.publish("residency", action="reclaimed", container=done["container"],
                                 asked=done["asked"], reclaimed=done["reclaimed"],
-                                error=done["error"])
+                                seconds=done["seconds"], error=done["error"])
         room = self.room_wanted()
         if reading.state == Pressure.GREEN and not room:
             if not any(b.frozen for b in self.boxes.values()):

@@ -98,6 +98,7 @@ def test_red_reclaims_then_freezes_idle_sandboxes_and_a_call_thaws_its_own(
     told = _drain(seen)
     assert [(e["action"], e["container"]) for e in told] == [("reclaimed", "a"), ("frozen", "a")]
     assert told[0]["reclaimed"] == 0  # the fake's memory.current does not move
+    assert told[0]["seconds"] >= 0  # how long it took: the bandwidth, from the events alone
     res.worker.join(timeout=5)  # then the inside agent: reclaimed, never frozen
     assert (agent / "memory.reclaim").read_text() == str(184 * MiB)
     step(res, 40 * MiB)
