@@ -319,6 +319,9 @@ class Residency:
             try:
                 v2.write(container.init_leaf(box.cgroup), "cgroup.freeze", "1")
             except OSError as e:
+                if e.errno == errno.ENOENT:  # removed before its record: nothing to freeze,
+                    del self.boxes[box.cid]  # and no warning every period until the rescan
+                    return
                 log.warning("residency: cannot freeze %s: %s", box.cid[:12], e)
                 return
             box.frozen = True

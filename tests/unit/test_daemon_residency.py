@@ -279,3 +279,23 @@ def test_a_sandbox_at_work_or_just_started_is_not_idle(tmp_path: Path) -> None:
     step(res, 40 * MiB)
     assert frozen(busy)  # quiet and without a call for idle_after_s
     assert frozen(new)  # 20 s after it started
+
+
+def test_a_sandbox_removed_before_its_record_is_dropped_not_warned_about_each_period(
+        tmp_path: Path, caplog: object) -> None:
+    """The VM's fleet runs logged `cannot freeze ...: No such file or directory` ten times a
+    second for a container whose cgroup was gone and whose record was not yet."""
+    import logging
+    import shutil
+
+    clock = Clock()
+    gone = sandbox(tmp_path, "gone")
+    res, _events = residency(tmp_path, clock, idle_after_s=20.0, reclaim_at_call_end=False,
+                             reclaim=False)
+    clock.t += 30
+    shutil.rmtree(gone)  # docker rm: the cgroup first, the record after
+    with caplog.at_level(logging.WARNING, logger="execgated"):  # type: ignore[attr-defined]
+        for _ in range(5):
+            step(res, 40 * MiB)  # red: it would be frozen
+    assert "gone" not in res.boxes
+    assert "cannot freeze" not in caplog.text  # type: ignore[attr-defined]
