@@ -290,9 +290,12 @@ def test_a_sandbox_removed_before_its_record_is_dropped_not_warned_about_each_pe
 
     clock = Clock()
     gone = sandbox(tmp_path, "gone")
-    res, _events = residency(tmp_path, clock, idle_after_s=20.0, reclaim_at_call_end=False,
+    res, _events = residency(tmp_path, clock, idle_after_s=0.5, reclaim_at_call_end=False,
                              reclaim=False)
-    clock.t += 30
+    clock.t += 1
+    res._rescan(force=True)  # residency knows it, idle
+    assert "gone" in res.boxes
+    clock.t += 0.5  # before the next rescan (RESCAN_S): the record is still there
     shutil.rmtree(gone)  # docker rm: the cgroup first, the record after
     with caplog.at_level(logging.WARNING, logger="execgated"):  # type: ignore[attr-defined]
         for _ in range(5):
