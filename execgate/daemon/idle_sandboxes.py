@@ -54,6 +54,9 @@ class Box:
     busy: bool | None = None  # used more than busy_cpu over the last second; None: not known
     active: bool = False  # a call started, ran or ended in it since the last period
     ended: bool = False  # idle since a call ended in it: the action boundary
+    # (when, init/'s cpu.stat usage_usec, whether init/ was quiet since the one before):
+    # an active sandbox's agent side, apart from its calls
+    init_cpu: tuple[float, int, bool | None] | None = None
 
     def mark_active(self, now: float) -> None:
         """A tool call starts, runs or ends in it: idle time and the busy check start over."""
@@ -134,19 +137,39 @@ class Residency:
         return swap_kept_share(True, info.get("Zswap"), info.get("Zswapped"))
 
     def cold_bytes(self, cid: str, host_free: int | None = None, kept: float = 0.0) -> int:
-        """An active sandbox's cold pages: its init leaf's inactive LRU lists (anonymous as far
-        as swap has room), what the kernel swaps out first when a call beside them needs room.
-        Its running calls live in their own cgroups, so they are not counted. kept: as
-        `swap_kept` (the bytes then are what the push frees, not what it moves)."""
+        """An active sandbox's cold pages, what the kernel swaps out first when a call beside
+        them needs room: all of its init leaf's memory while init/ used at most busy_cpu since
+        the last look (a process that does not run touches no page; with MGLRU an untouched
+        page stays on the "active" lists until reclaim ages it, so the lists alone miss it),
+        else its inactive LRU lists; anonymous pages as far as swap has room. Its running calls
+        live in their own cgroups, so they are not counted. kept: as `swap_kept` (the bytes
+        then are what the push frees, not what it moves)."""
         box = self.boxes.get(cid)
         if box is None:
             return 0
-        stat = v2.read_keyed(container.init_leaf(box.cgroup), "memory.stat")
+        init = container.init_leaf(box.cgroup)
+        stat = v2.read_keyed(init, "memory.stat")
         if not stat:
             return 0
-        return freed_bytes(stat.get("inactive_file", 0),
-                           min(stat.get("inactive_anon", 0), self._swap_room(box, host_free)),
-                           kept)
+        quiet = self._init_quiet(box, init)
+        file, anon = (("file", "anon") if quiet else ("inactive_file", "inactive_anon"))
+        return freed_bytes(stat.get(file, 0),
+                           min(stat.get(anon, 0), self._swap_room(box, host_free)), kept)
+
+    def _init_quiet(self, box: Box, init: str) -> bool:
+        """Whether init/ used at most busy_cpu since the last look (at least CPU_WINDOW_S
+        ago); False until two looks were made."""
+        now = self.clock()
+        last = box.init_cpu
+        if last is not None and now - last[0] < CPU_WINDOW_S:
+            return last[2] is True
+        usec = v2.read_keyed(init, "cpu.stat").get("usage_usec")
+        if usec is None:
+            return False
+        quiet = None if last is None else \
+            (usec - last[1]) / 1e6 / max(now - last[0], 1e-9) <= self.cfg.busy_cpu
+        box.init_cpu = (now, usec, quiet)
+        return quiet is True
 
     def swap_out_bytes_per_s(self, configured: float) -> float:
         """The configured swap-out bandwidth, or what reclaims here achieved if slower (an

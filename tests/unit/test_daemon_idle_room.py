@@ -136,3 +136,27 @@ def test_under_zswap_a_push_counts_what_it_frees_not_what_it_moves(tmp_path: Pat
     assert net == 30 * MiB + int(74 * MiB * 2 / 3)
     res.busy = lambda: {"busy"}  # type: ignore[method-assign]
     assert res.pushable(cold=True) == 66 * MiB + net
+
+
+def test_a_quiet_agents_whole_memory_is_cold_a_busy_ones_inactive_lists_only(
+        tmp_path: Path, monkeypatch: object) -> None:
+    """With MGLRU an untouched page stays on the "active" lists until reclaim ages it: the VM's
+    idle memload baselines showed as active, and admission counted none of them as pushable
+    though the kernel swapped them out under eager. A CPU-quiet init/ touches no page."""
+    bed = Bed(tmp_path)
+    busy = bed.sandbox("busy", 120 * MiB, file=0, anon=120 * MiB)
+    init = busy / "init"
+    (init / "memory.stat").write_text(
+        f"anon {100 * MiB}\nfile {4 * MiB}\ninactive_anon {10 * MiB}\ninactive_file 0\n")
+    cpu = init / "cpu.stat"
+    cpu.write_text("usage_usec 5000000\n")
+    res = bed.engine.residency
+    monkeypatch.setattr(res, "swap_free", lambda: 1 << 30)  # type: ignore
+    res._rescan(force=True)
+    assert res.cold_bytes("busy") == 10 * MiB  # first look: nothing known of its CPU yet
+    bed.clock.t += 2.0
+    assert res.cold_bytes("busy") == 104 * MiB  # quiet for 2 s: all of init/'s memory
+    bed.clock.t += 2.0
+    cpu.write_text("usage_usec 6000000\n")  # 0.5 CPU over the last 2 s: at work
+    assert res.cold_bytes("busy") == 10 * MiB
+    assert res.cold_bytes("busy", 5 * MiB) == 5 * MiB  # anonymous only as far as swap has room
