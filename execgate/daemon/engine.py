@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from .predictor import Predictor
 from .probe_monitor import ProbeMonitor
 from .sandboxes import Sandboxes
 from .settings import Settings
-from .store import JournalFollower, Store
+from .store import JournalFollower, open_store
 
 log = logging.getLogger("execgated")
 
@@ -84,6 +85,7 @@ class LoopStats:
     cpu_s: float = 0.0  # the loop thread's CPU time (time.thread_time) inside tick()
     last_wall_s: float = 0.0
     max_wall_s: float = 0.0
+    stage_errors: dict[str, int] = field(default_factory=dict)  # failures by tick stage
 
     def add(self, wall_s: float, cpu_s: float) -> None:
         self.iterations += 1
@@ -97,7 +99,8 @@ class LoopStats:
         return {"iterations": n, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
                 "mean_wall_ms": 1e3 * self.wall_s / n if n else None,
                 "mean_cpu_ms": 1e3 * self.cpu_s / n if n else None,
-                "last_wall_ms": 1e3 * self.last_wall_s, "max_wall_ms": 1e3 * self.max_wall_s}
+                "last_wall_ms": 1e3 * self.last_wall_s, "max_wall_ms": 1e3 * self.max_wall_s,
+                "stage_errors": dict(self.stage_errors)}
 
 
 def call_info(msg: dict[str, Any], arrival: float | None = None) -> CallInfo:
@@ -122,7 +125,7 @@ class Engine:
         self.estimator = HistoryEstimator(
             settings.estimate, model=self.predictor if settings.predictor.enabled else None)
         self.admission = Admission(settings.admission, self.estimator, clock)
-        self.store = Store(settings.daemon.store)
+        self.store = open_store(settings.daemon.store)
         self.journal = JournalFollower(cfg.journal, self.store)
         self.events = EventBus()
         self.files = KeptFiles()  # running calls' cgroup files, read every period
@@ -152,9 +155,12 @@ class Engine:
     def warm_up(self, n: int = 4096) -> int:
         """Teach the estimator the last n calls from the store (learning survives restarts)."""
         count = 0
-        for entry, avg in self.store.recent(n):
-            self._observe(entry, avg)
-            count += 1
+        try:
+            for entry, avg in self.store.recent(n):
+                self._observe(entry, avg)
+                count += 1
+        except sqlite3.Error as e:  # history is best effort: what was read serves
+            log.error("store: history not read past %d calls: %s", count, e)
         return count
 
     def rediscover(self) -> int:
@@ -261,21 +267,41 @@ class Engine:
     # -- the loop ------------------------------------------------------------------------------
 
     def tick(self) -> None:
+        """One control period, stage by stage: a stage that raises (a full store, a cgroup file
+        gone mid-read) is logged and counted, and the others still run: the gate, residency
+        and vanished calls never wait on the history (issue 21, item 9)."""
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
-            self._follow_journal()
-            self.predictor.step()
-            self._sample_calls()
-            self.probes.step(self.calls)  # fault rates into LiveCall.extra; OOM kill events
-            self._sample_domain()
-            self._step()
-            if self.reading is not None:
-                self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
-                                   self.sample.budget, self.sample.swap_free)
-                self.residency.step(self.reading, self._busy, self.admission.queued_bytes)
-                self._step_sandboxes()
+            for name, stage in self._stages:
+                try:
+                    stage()
+                except Exception:  # noqa: BLE001 - one stage's failure is not the loop's
+                    self._stage_failed(name)
         finally:
             self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
+
+    @property
+    def _stages(self) -> tuple[tuple[str, Callable[[], None]], ...]:
+        return (("journal", self._follow_journal), ("predictor", self.predictor.step),
+                ("calls", self._sample_calls),
+                ("probes", lambda: self.probes.step(self.calls)),  # fault rates, OOM kills
+                ("domain", self._sample_domain), ("admission", self._step),
+                ("growth", self._step_growth), ("residency", self._step_residency),
+                ("sandboxes", self._step_sandboxes))
+
+    def _step_growth(self) -> None:
+        if self.reading is not None and self.sample is not None:
+            self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
+                               self.sample.budget, self.sample.swap_free)
+
+    def _step_residency(self) -> None:
+        if self.reading is not None:
+            self.residency.step(self.reading, self._busy, self.admission.queued_bytes)
+
+    def _stage_failed(self, name: str) -> None:
+        n = self.loop.stage_errors[name] = self.loop.stage_errors.get(name, 0) + 1
+        if n == 1 or n % 1000 == 0:  # the first, then every thousandth: a bounded log
+            log.exception("control loop: stage %s failed (%d times so far)", name, n)
 
     def period(self) -> float:
         """The control period: 100 ms while calls run or wait or the domain is under pressure

@@ -301,11 +301,13 @@ async def run(cfg: config_mod.Config) -> None:
     for problem in problems:
         log.log(logging.ERROR if problem.error else logging.WARNING, "config: %s", problem)
     engine = Engine(cfg, settings)
+    # A crash never leaves a sandbox frozen: thawed first, before the history is read (a
+    # long journal backlog, a slow store) or anything else can fail.
+    thawed = engine.residency.recover()
     daemon = Daemon(cfg, engine)
     daemon.metrics.tap_journal()  # before rediscover reads what ran while we were away
     learned = engine.warm_up()
     adopted = engine.rediscover()
-    thawed = engine.residency.recover()  # a crash never leaves a sandbox frozen
     engine.growth.start()
     log.info("domain %s; learned from %d past calls; adopted %d running calls; thawed %d "
              "idle sandboxes", engine.domain.describe(), learned, adopted, thawed)

@@ -8,12 +8,16 @@ so a restarted daemon catches up on calls that ended while it was gone.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from execgate.common import records
+
+log = logging.getLogger("execgated")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -59,8 +63,12 @@ class Store:
         for entry, avg in reversed(rows):
             yield json.loads(entry), avg
 
-    def count(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+    def count(self) -> int | None:
+        """Calls kept; None when the store cannot say (status must not fail with it)."""
+        try:
+            return int(self.db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+        except sqlite3.Error:
+            return None
 
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -68,6 +76,31 @@ class Store:
 
     def set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
+
+
+def open_store(path: str) -> Store:
+    """The history store, never a reason not to start: a corrupt file is moved aside
+    (PATH.corrupt-EPOCH, kept for a look) and a new one made; one that cannot be opened at all
+    (read-only, locked, a full disk) gives way to an in-memory store. History is best effort;
+    thawing what a crash left frozen and admitting calls are not (issue 21, item 9)."""
+    try:
+        return Store(path)
+    except sqlite3.OperationalError as e:
+        log.error("store %s: %s; history kept in memory until a restart", path, e)
+    except sqlite3.DatabaseError as e:  # not a database: corrupt
+        aside = f"{path}.corrupt-{int(time.time())}"
+        try:
+            os.replace(path, aside)
+            for suffix in ("-wal", "-shm"):  # its WAL belongs to the old file
+                if os.path.exists(path + suffix):
+                    os.replace(path + suffix, aside + suffix)
+            log.error("store %s: %s; moved to %s, a new store begins", path, e, aside)
+            return Store(path)
+        except (OSError, sqlite3.Error) as e2:
+            log.error("store %s: %s (%s); history kept in memory until a restart", path, e, e2)
+    except OSError as e:
+        log.error("store %s: %s; history kept in memory until a restart", path, e)
+    return Store(":memory:")
 
 
 class JournalFollower:
@@ -82,6 +115,7 @@ class JournalFollower:
         self.store = store
         saved = (store.get_meta("journal_pos") or "0:0").split(":")
         self.inode, self.offset = int(saved[0]), int(saved[1])
+        self.failing = False  # the store refused the last position
 
     def read_new(self) -> list[dict[str, Any]]:
         try:
@@ -98,5 +132,11 @@ class JournalFollower:
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
         out = records.journal_entries(data[:end].splitlines())
         self.offset += end
-        self.store.set_meta("journal_pos", f"{self.inode}:{self.offset}")
+        try:  # where to resume after a restart: a full or locked store must not stop the read
+            self.store.set_meta("journal_pos", f"{self.inode}:{self.offset}")
+            self.failing = False
+        except sqlite3.Error as e:
+            if not self.failing:  # once, not every period
+                log.warning("store: journal position not kept: %s", e)
+            self.failing = True
         return out

@@ -298,3 +298,57 @@ def test_the_idle_room_learns_how_long_calls_take_to_peak(tmp_path: Path) -> Non
         assert eng.snapshot()["idle_room"]["time_to_peak_s"] == 3.0
 
     asyncio.run(scenario())
+
+
+def test_a_corrupt_or_unopenable_store_never_stops_the_daemon(tmp_path: Path) -> None:
+    """A corrupt SQLite store aborted start-up before any thaw (issue 21, item 9): it is
+    moved aside and a new one begins; one that cannot be opened gives way to memory."""
+    import sqlite3
+
+    from execgate.daemon.store import open_store
+
+    bad = tmp_path / "h.sqlite"
+    bad.write_bytes(b"this is not a database, it is a text file" * 100)
+    with pytest.raises(sqlite3.DatabaseError):
+        Store(str(bad))
+    store = open_store(str(bad))
+    store.add({"call": "tool-1", "start": 1.0, "memory_peak": 5})
+    assert store.count() == 1
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("h.sqlite.corrupt-")]
+    assert aside.read_bytes().startswith(b"this is not a database")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    mem = open_store(str(blocked / "h.sqlite"))  # its directory is a file
+    mem.add({"call": "tool-2", "start": 2.0})
+    assert mem.count() == 1
+
+
+def test_a_failing_store_or_stage_does_not_stop_the_rest_of_the_tick(tmp_path: Path) -> None:
+    """A full, read-only or locked store made every tick fail before the gate, residency and
+    the end of calls (50 of 50 ticks): each stage now fails alone, counted and logged."""
+    async def scenario() -> None:
+        eng, clock, journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        eng.tick()
+        _, fut = eng.submit(_admit_msg(0, 300 * MiB))
+        assert fut.done() and "tool-0" in eng.calls
+        eng.store.db.close()  # every write to the store raises now
+        broken = []
+
+        def predictor_step() -> None:
+            broken.append(1)
+            raise RuntimeError("a stage that always fails")
+
+        eng.predictor.step = predictor_step  # type: ignore[method-assign]
+        with open(journal, "a") as f:
+            f.write(json.dumps({"call": "tool-0", "container": "c", "sandbox": "c",
+                                "argv": ["pytest"], "memory_peak": 280 * MiB, "pids_peak": 1,
+                                "exit_code": 0}) + "\n")
+        for _ in range(3):
+            clock.t += 1
+            eng.tick()
+        assert "tool-0" not in eng.calls  # its end was read, its charge released
+        assert eng.admission.snapshot()["running"] == []
+        assert len(broken) == 3 and eng.reading is not None
+        assert eng.snapshot()["loop"]["stage_errors"] == {"predictor": 3}
+
+    asyncio.run(scenario())
