@@ -362,10 +362,18 @@ def main() -> None:
     parser.add_argument("--config", help="config file (default /etc/execgate/config.toml)")
     parser.add_argument("--socket", help="override the socket path")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--recover", action="store_true",
+                        help="thaw and release what a dead daemon left held, then exit "
+                             "(the unit's ExecStopPost)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     cfg = config_mod.load(args.config)
+    if args.recover:
+        from .recover import recover
+
+        log.info("recover: %s", recover(cfg))
+        return
     for err in cfg.errors:
         log.error("config: %s", err)
     for warning in cfg.warnings:

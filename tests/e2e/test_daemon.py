@@ -4,6 +4,7 @@ is gone, and rediscovers running calls when it comes back."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import (
     Containers,
+    container_cgroup,
     ctl_status,
     daemon_up,
     docker,
@@ -112,6 +114,28 @@ def test_fail_open_and_rediscovery(domain: Containers) -> None:
     assert any(r["demand"]["source"] == "adopted" for r in running), running
     boxes = {b["id"] for b in snap["sandboxes"]}
     assert set(cids) <= boxes
+
+
+def test_a_dead_daemon_kept_down_leaves_nothing_frozen(containers: Containers) -> None:
+    """The unit's ExecStopPost (`execgated --recover`) thaws what a daemon that died had
+    frozen, though no daemon comes back to do it (here: stopped right after a kill -9, as a
+    start limit would keep it down; issue 21, item 9)."""
+    cid = containers.run()
+    freeze = os.path.join(container_cgroup(cid), "init", "cgroup.freeze")
+    with open(freeze, "w") as f:
+        f.write("1")  # as residency leaves an idle sandbox under pressure
+    try:
+        systemctl("kill", "-s", "KILL", "execgated")
+        systemctl("stop", "execgated")  # no restart: only ExecStopPost can thaw it
+        with open(freeze) as f:
+            assert f.read().strip() == "0", "a frozen sandbox outlived its daemon"
+        logged = subprocess.run(["journalctl", "-u", "execgated", "-o", "cat", "--no-pager",
+                                 "-n", "50"], capture_output=True, text=True, timeout=60)
+        assert "recover: thawed " in logged.stdout, logged.stdout[-2000:]  # --recover ran
+    finally:
+        systemctl("start", "execgated")
+        wait_for(daemon_up, timeout=120, what="execgated back")
+    assert docker("exec", cid, "echo", "ok").stdout == b"ok\n"
 
 
 def test_malformed_hint_runs_the_call_with_one_warning(containers: Containers) -> None:
