@@ -42,10 +42,13 @@ sed -i 's/^daemon_timeout_ms = .*/daemon_timeout_ms = 2000/' /etc/execgate/confi
 # Loading and unloading sched_ext patches kernel text, which TCG has raced (an int3 oops, with
 # multi-threaded TCG): the test bed's daemon uses cgroup.freeze unless a test asks for sched_ext.
 # bcc probes compile for ~25 s under TCG at every daemon start: off, but where a test asks.
-sed -i 's/^domain = "host"$/domain = "host"\ngate = "freeze"/; s/^probes = .*/probes = false/' \
-    /etc/execgate/config.toml
+# The shipped file sets every key: each edit replaces its line (a second `gate =` in [daemon]
+# made the file invalid TOML, the daemon ran on its defaults, and the suite with sched_ext).
+sed -i 's/^gate = .*/gate = "freeze"/; s/^probes = .*/probes = false/' /etc/execgate/config.toml
 grep -q '^gate = "freeze"' /etc/execgate/config.toml || { echo "test-bed config edit failed"; exit 1; }
 grep -q '^probes = false' /etc/execgate/config.toml || { echo "test-bed config edit failed"; exit 1; }
+python3 -c 'import sys, tomllib; tomllib.load(open(sys.argv[1], "rb"))' /etc/execgate/config.toml \
+    || { echo "test-bed config is not valid TOML"; exit 1; }
 systemctl restart execgated
 
 export EXECGATE_SRC=$PWD/src EXECGATE_WHEELS=$PWD/wheels EXECGATE_RESULTS=$res
