@@ -8,7 +8,8 @@
 # baselines reserve and static-K (no execgated: they do not change with the policy) once in the
 # other. Then bench/repeats.py prints the median and spread per scheme into RESULTS_DIR/repeats.md
 # and bench/report.py renders the first repeat merged with the baselines. BASELINES=0 skips
-# their boot (a policy change: the runc schemes' figures stand).
+# their boot (a policy change: the runc schemes' figures stand). HOT=1: calls keep their working
+# set in use (memload --hot), which swap cannot take from a running call for free.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -24,6 +25,7 @@ else
     args=("${common[@]}" --speed 2 --max-calls 3 --idle-scale 0.05 --arrival poisson
           --mean-gap 20 --admission-wait 300)
 fi
+[[ ${HOT:-0} == 1 ]] && args+=(--hot-calls)
 quoted=$(printf ' %q' "${args[@]}")
 mkdir -p "$out"
 

@@ -91,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
         g.add_argument("--fill-ratio", type=float, default=3.0,
                        help="zstd ratio of the memory sandboxes and calls hold (default "
                             "%(default)s; real process memory 2.5-3.5; 0: nearly empty pages)")
+        g.add_argument("--hot-calls", action="store_true",
+                       help="calls read every page they hold each tick (memload --hot): a "
+                            "working set in use, which swap cannot take from a running call "
+                            "for free")
         g.add_argument("--budget", default=d.get("budget", "768m"),
                        help="memory budget = the slice's memory.max (default %(default)s)")
         s = p.add_argument_group("schemes and host")

@@ -74,9 +74,10 @@ class Replayer:
 
     def __init__(self, host: Host, scheme: Scheme, tasks: Sequence[Task],
                  arrivals_wall: Sequence[float], budget: int, settings: RunSettings,
-                 log: Log, fill_ratio: float | None = None) -> None:
+                 log: Log, fill_ratio: float | None = None, hot_calls: bool = False) -> None:
         self.host = host
         self.fill_ratio = fill_ratio
+        self.hot_calls = hot_calls
         self.scheme = scheme
         self.budget = budget
         self.settings = settings
@@ -160,7 +161,8 @@ class Replayer:
         return p.returncode == 0 and p.stdout.split() == ["false", "true"]
 
     def _call(self, cid: str, st: _TaskState, attempt: int, idx: int, call: ToolCall) -> int:
-        argv = exec_argv(cid, call, self.scheme.hints, fill_ratio=self.fill_ratio)
+        argv = exec_argv(cid, call, self.scheme.hints, fill_ratio=self.fill_ratio,
+                         hot=self.hot_calls)
         with self.cond:
             self.inflight += 1
         start = self.now()
@@ -391,7 +393,7 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
             f"swap {'on' if swap else 'off'}, {len(tasks)} tasks "
             f"(setup {time.monotonic() - t_setup:.0f}s)")
         rep = Replayer(host, scheme, tasks, arrivals_wall, budget, settings, log,
-                       fill_ratio=workload.fill_ratio)
+                       fill_ratio=workload.fill_ratio, hot_calls=workload.hot_calls)
         rep.abort = abort
         try:
             result = rep.run()

@@ -412,7 +412,7 @@ def sandbox_command(task: Task, binary: str = "memload",
 
 
 def exec_argv(container: str, call: ToolCall, hints: bool, binary: str = "memload",
-              fill_ratio: float | None = None) -> list[str]:
+              fill_ratio: float | None = None, hot: bool = False) -> list[str]:
     """`docker exec` of one tool call, exactly as an agent framework would issue it."""
     env = ["-e", f"AGENT_RESOURCE_HINT={hint_for(call)}"] if hints else []
-    return ["docker", "exec", *env, container, *memload_argv(call, binary, fill_ratio)]
+    return ["docker", "exec", *env, container, *memload_argv(call, binary, fill_ratio, hot)]

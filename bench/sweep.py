@@ -81,7 +81,8 @@ def workload_of(args: argparse.Namespace) -> Workload:
     """The replay transforms the command line asks for."""
     return Workload(speed=args.speed, mem_scale=args.mem_scale, cpu_scale=args.cpu_scale,
                     fold_bytes=int(args.fold_mib * MiB), max_calls=args.max_calls or None,
-                    idle_scale=args.idle_scale, fill_ratio=args.fill_ratio)
+                    idle_scale=args.idle_scale, fill_ratio=args.fill_ratio,
+                    hot_calls=getattr(args, "hot_calls", False))
 
 
 def _source_tasks(args: argparse.Namespace, n: int) -> list[Task]:

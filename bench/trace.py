@@ -290,9 +290,10 @@ def scale_time(task: Task, speed: float) -> Task:
 
 
 def memload_argv(call: ToolCall, binary: str = "memload",
-                 fill_ratio: float | None = None) -> list[str]:
+                 fill_ratio: float | None = None, hot: bool = False) -> list[str]:
     """The memload command line that reproduces `call` (sizes in MiB, fractional allowed);
-    `fill_ratio`: the zstd ratio of the pages it writes (None: memload's default, 3)."""
+    `fill_ratio`: the zstd ratio of the pages it writes (None: memload's default, 3); `hot`:
+    its pages are read every tick (a working set in use, not written once and left)."""
     m = call.memory
 
     def mib(n: int) -> str:
@@ -310,7 +311,7 @@ def memload_argv(call: ToolCall, binary: str = "memload",
     ]
     if fill_ratio is not None:
         opts.append(("--fill-ratio", f"{fill_ratio:g}"))
-    return [binary, *(arg for pair in opts for arg in pair)]
+    return [binary, *(arg for pair in opts for arg in pair), *(["--hot"] if hot else [])]
 
 
 # ---------------------------------------------------------------------------------------------

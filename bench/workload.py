@@ -133,6 +133,7 @@ class Workload:
     max_calls: int | None = None  # keep only the N heaviest calls of each task
     idle_scale: float = 1.0  # idle time (LLM waits, folded calls) multiplied by this
     fill_ratio: float = 3.0  # zstd ratio of the pages memload writes (0: one byte per page)
+    hot_calls: bool = False  # calls read their pages every tick (memload --hot)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

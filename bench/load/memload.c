@@ -9,7 +9,7 @@
  *
  *   memload --peak-mib 500 --duration 2.0 [--baseline-mib 0] [--shape ramp|spike|plateau|sawtooth]
  *           [--peak-at 0.5] [--hold 0] [--cpu 0] [--retain-mib 0] [--retain-dir /dev/shm]
- *           [--tick-ms 50] [--start-at EPOCH] [--fill-ratio 3]
+ *           [--tick-ms 50] [--start-at EPOCH] [--fill-ratio 3] [--hot]
  *
  * Every page written (the heap the curve draws, and the retained file) is filled with data that
  * zstd compresses about --fill-ratio:1, page by page as zram does: real process memory gets
@@ -17,6 +17,11 @@
  * Each page is a run of pseudo-random bytes (incompressible, different in every page, so no
  * page deduplicates) followed by repeated text. --fill-ratio 0 writes one byte per page (the
  * old, nearly-zero pages).
+ *
+ * --hot reads one byte of every resident page each tick: the call's working set stays in use,
+ * as a real tool's does (a test run, a compiler), so the kernel cannot swap it out for free
+ * under the call and reads it back in if it did. Without it, pages are written once and never
+ * touched again, which lets compressed swap take a running call's memory at no cost.
  *
  * Silent on success (stdout belongs to the agent's tool output); exit 2 on bad arguments,
  * exit 1 if memory or the retain file cannot be had. Build: gcc -O2 -static -o memload memload.c
@@ -43,9 +48,10 @@ static struct {
     double tick;                                                 /* seconds */
     double start_at; /* wall-clock seconds since the epoch; 0: at once */
     double fill_ratio; /* target zstd ratio of every page written; 0: one byte per page */
+    int hot;           /* read every resident page each tick */
     enum shape shape;
     const char *retain_dir;
-} opt = {0, -1, 1.0, 0.5, 0, 0, 0, 0.05, 0, 3.0, RAMP, "/dev/shm"};
+} opt = {0, -1, 1.0, 0.5, 0, 0, 0, 0.05, 0, 3.0, 0, RAMP, "/dev/shm"};
 
 static void usage_error(const char *msg, const char *arg)
 {
@@ -53,7 +59,7 @@ static void usage_error(const char *msg, const char *arg)
     fprintf(stderr, "usage: memload --peak-mib N [--baseline-mib N] [--duration S] "
                     "[--shape ramp|spike|plateau|sawtooth] [--peak-at F] [--hold S] [--cpu F] "
                     "[--retain-mib N] [--retain-dir DIR] [--tick-ms MS] [--start-at EPOCH] "
-                    "[--fill-ratio R]\n");
+                    "[--fill-ratio R] [--hot]\n");
     exit(2);
 }
 
@@ -233,7 +239,7 @@ int main(int argc, char **argv)
         {"cpu", required_argument, 0, 'c'},       {"retain-mib", required_argument, 0, 'r'},
         {"retain-dir", required_argument, 0, 'D'}, {"tick-ms", required_argument, 0, 't'},
         {"start-at", required_argument, 0, 'S'},  {"fill-ratio", required_argument, 0, 'f'},
-        {0, 0, 0, 0},
+        {"hot", no_argument, 0, 'H'},             {0, 0, 0, 0},
     };
     const double big = 1 << 24; /* 16 TiB or ~194 days: beyond any sane step */
     int c;
@@ -251,6 +257,7 @@ int main(int argc, char **argv)
         case 't': opt.tick = number("--tick-ms", optarg, 10000) / 1000; break;
         case 'S': opt.start_at = number("--start-at", optarg, 1e12); break;
         case 'f': opt.fill_ratio = number("--fill-ratio", optarg, 1000); break;
+        case 'H': opt.hot = 1; break;
         case 's':
             if (!strcmp(optarg, "ramp")) opt.shape = RAMP;
             else if (!strcmp(optarg, "spike")) opt.shape = SPIKE;
@@ -313,6 +320,9 @@ int main(int argc, char **argv)
         }
         if (t >= opt.duration)
             break;
+        if (opt.hot) /* the working set in use: one read per page */
+            for (size_t off = 0; off < resident; off += page)
+                sink += mem[off];
         /* Burn the CPU share of this tick (page faults above count towards it), sleep the rest. */
         double burn_until = tick_start + opt.cpu * opt.tick;
         while (now() < burn_until)

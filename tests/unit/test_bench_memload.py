@@ -187,3 +187,31 @@ def test_fill_compresses_like_process_memory(memload: Path, tmp_path: Path,
 def test_fill_ratio_0_is_the_old_nearly_empty_page(memload: Path, tmp_path: Path) -> None:
     per_page, _ = _zstd_ratios(_fill_dump(memload, tmp_path, "0"), tmp_path)
     assert per_page > 30, per_page  # what made compressed swap look free
+
+
+def _referenced_after_clear(memload: Path, *extra: str) -> tuple[int, int]:
+    """(Rss, Referenced) bytes of a memload holding a 32 MiB plateau, 0.4 s after the kernel's
+    referenced bits were cleared (/proc/PID/clear_refs): which of its pages it touched since."""
+    with subprocess.Popen([str(memload), "--peak-mib", "32", "--duration", "3", "--shape",
+                           "plateau", "--peak-at", "0.05", "--hold", "2.5", *extra]) as p:
+        time.sleep(1.0)  # at its plateau: nothing more is written
+        with open(f"/proc/{p.pid}/clear_refs", "w") as f:
+            f.write("1")
+        time.sleep(0.4)
+        fields = {}
+        with open(f"/proc/{p.pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Referenced"):
+                    fields[key] = int(rest.split()[0]) * 1024
+        p.kill()
+    return fields["Rss"], fields["Referenced"]
+
+
+def test_hot_keeps_the_working_set_in_use(memload: Path) -> None:
+    """--hot reads every page each tick, as a running tool uses its memory; without it pages
+    are written once and left, which compressed swap takes for free under a running call."""
+    rss, referenced = _referenced_after_clear(memload, "--hot")
+    assert rss >= 30 * MiB and referenced >= 0.9 * rss, (rss, referenced)
+    rss, referenced = _referenced_after_clear(memload)
+    assert rss >= 30 * MiB and referenced <= 0.2 * rss, (rss, referenced)

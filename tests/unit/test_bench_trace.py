@@ -243,7 +243,8 @@ def test_memload_argv() -> None:
         MemoryProfile(10 * MiB, 512 * MiB + MiB // 2, "spike", 0.6, 0.5, 64 * MiB, hold_s=0.5),
     )
     argv = memload_argv(call, "/opt/memload")
-    assert argv[0] == "/opt/memload"
+    assert argv[0] == "/opt/memload" and "--hot" not in argv
+    assert memload_argv(call, "/opt/memload", hot=True) == [*argv, "--hot"]
     opts = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert opts == {
         "--baseline-mib": "10",
