@@ -143,8 +143,17 @@ def test_top_and_stats(containers: Containers) -> None:
 
 
 @pytest.mark.parametrize("rt", RUNTIMES)
-def test_runtime_version_is_runcs_own(rt: str) -> None:
+def test_runtime_version_ends_with_runcs_own(rt: str) -> None:
+    """`execgate --version` names execgate's version and the real runtime, then prints runc's
+    own lines unchanged (issue 20): dockerd reads the last `version` line, runc's."""
     real = subprocess.run(["runc", "--version"], capture_output=True)
     ours = subprocess.run(["/usr/local/bin/execgate" if rt == "execgate" else "runc",
                            "--version"], capture_output=True)
-    assert ours.stdout == real.stdout and ours.stderr == b"" and ours.returncode == 0
+    assert ours.stderr == b"" and ours.returncode == 0, ours
+    assert ours.stdout.endswith(real.stdout), ours.stdout
+    if rt == "execgate":
+        head = ours.stdout[:-len(real.stdout)].decode().splitlines()
+        assert head[0].startswith("execgate version "), head
+        assert head[1].startswith("real runtime: "), head
+    else:
+        assert ours.stdout == real.stdout
