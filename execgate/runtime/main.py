@@ -72,8 +72,8 @@ def main() -> None:
     cfg = config_mod.load_cached()
     log = RuncLog(inv.globals.get("log"), inv.globals.get("log-format"), cfg.debug_log,
                   debug=inv.globals.is_set("debug"))
-    for err in cfg.errors:
-        log.warning(err)
+    for problem in (*cfg.errors, *cfg.warnings):  # a bad value, a misspelled key: said once
+        log.warning(problem)
     if runc.in_loop():
         msg = "execgate was called by itself: the configured runtime resolves to execgate"
         log.error(msg)
