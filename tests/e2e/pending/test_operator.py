@@ -5,6 +5,7 @@ scraped while a tool call runs."""
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -21,12 +22,19 @@ def _main_pid() -> str:
 
 
 @contextlib.contextmanager
-def _config(extra: str) -> Iterator[None]:
-    """The installed config with `extra` appended; restored (and the daemon restarted) after."""
+def _config(**keys: str) -> Iterator[None]:
+    """The installed config with these keys' lines set (`key = value`: the shipped file sets
+    every key, and a second table of the same name is invalid TOML); restored, and the daemon
+    restarted, after."""
     shutil.copy(CONFIG, CONFIG + ".orig")
     try:
-        with open(CONFIG, "a") as f:
-            f.write(f"\n{extra}\n")
+        with open(CONFIG) as f:
+            text = f.read()
+        for key, value in keys.items():
+            text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+            assert n == 1, (key, n)
+        with open(CONFIG, "w") as f:
+            f.write(text)
         yield
     finally:
         shutil.move(CONFIG + ".orig", CONFIG)
@@ -64,8 +72,7 @@ def test_the_installed_config_checks_clean() -> None:
 
 def test_reload_applies_live_values_without_a_restart() -> None:
     pid = _main_pid()
-    with _config("[admission]\nmax_admission_wait_s = 7.0\n[metrics]\n"
-                 f'listen = "127.0.0.1:{PORT}"\n'):
+    with _config(max_admission_wait_s="7.0", listen=f'"127.0.0.1:{PORT}"'):
         systemctl("reload", "execgated")
         conf = wait_for(lambda: (ctl_status()["daemon"].get("config") or {}).get("reloads"),
                         timeout=60, what="the reload")
@@ -74,7 +81,7 @@ def test_reload_applies_live_values_without_a_restart() -> None:
 
 
 def test_metrics_while_a_call_runs(containers: Containers) -> None:
-    with _config(f'[metrics]\nlisten = "127.0.0.1:{PORT}"\n'):
+    with _config(listen=f'"127.0.0.1:{PORT}"'):
         systemctl("restart", "execgated")
         wait_for(daemon_up, timeout=120, what="execgated")
         cid = containers.run()
