@@ -67,6 +67,17 @@ class Box:
 CPU_WINDOW_S = 1.0
 
 
+def cpu_since(cg: str, last: tuple[float, int] | None, now: float
+              ) -> tuple[int, float | None] | None:
+    """cg's cpu.stat usage_usec now, and its CPU share since `last` (when, usage_usec); None
+    when the file says nothing."""
+    usec = v2.read_keyed(cg, "cpu.stat").get("usage_usec")
+    if usec is None:
+        return None
+    rate = None if last is None else (usec - last[1]) / 1e6 / max(now - last[0], 1e-9)
+    return usec, rate
+
+
 class Residency:
     def __init__(self, cfg: ResidencyConfig, pressure: PressureConfig, state_dir: str,
                  inside_default: bool, events: EventBus,
@@ -163,11 +174,11 @@ class Residency:
         last = box.init_cpu
         if last is not None and now - last[0] < CPU_WINDOW_S:
             return last[2] is True
-        usec = v2.read_keyed(init, "cpu.stat").get("usage_usec")
-        if usec is None:
+        seen = cpu_since(init, None if last is None else last[:2], now)
+        if seen is None:
             return False
-        quiet = None if last is None else \
-            (usec - last[1]) / 1e6 / max(now - last[0], 1e-9) <= self.cfg.busy_cpu
+        usec, rate = seen
+        quiet = None if rate is None else rate <= self.cfg.busy_cpu
         box.init_cpu = (now, usec, quiet)
         return quiet is True
 
@@ -314,11 +325,11 @@ class Residency:
         if box.frozen:
             return True
         if box.cpu is None or now - box.cpu[0] >= CPU_WINDOW_S:
-            usec = v2.read_keyed(box.cgroup, "cpu.stat").get("usage_usec")
-            if usec is None:
+            seen = cpu_since(box.cgroup, box.cpu, now)
+            if seen is None:
                 return True  # nothing to tell by: idle by calls alone
-            if box.cpu is not None:
-                rate = (usec - box.cpu[1]) / 1e6 / (now - box.cpu[0])
+            usec, rate = seen
+            if rate is not None:
                 box.busy = rate > self.cfg.busy_cpu
                 if box.busy:
                     box.last_active = now
