@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from execgate.common import meminfo
 
-from .cgfiles import KeptFiles
+from .cgfiles import KeptFiles, parse_key
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,9 @@ class DomainSample:
     # Swap the domain can still use (host SwapFree, within the domain's memory.swap.max);
     # 0 without swap, None unknown. The last resort fires only once it is (nearly) gone.
     swap_free: int | None = None
+    # Cumulative bytes of anonymous memory that came back from swap soon after it left
+    # (workingset_refault_anon): a working set in swap (policy/swap_credit.py). None unknown.
+    refault_bytes: int | None = None
 
 
 def psi_some_avg10(data: bytes | None) -> float | None:
@@ -78,7 +83,7 @@ class Domain:
             available = min(available, max(self.budget_override - used, 0))
         return DomainSample(available, budget, max(budget - available, 0),
                             psi_some_avg10(self.files.read("/proc/pressure", "memory")),
-                            self._swap_free)
+                            self._swap_free, self._refaults("/proc", "vmstat"))
 
     def _cgroup(self, current: int, raw_max: bytes) -> DomainSample:
         assert self.cgroup is not None
@@ -90,7 +95,13 @@ class Domain:
             available = min(available, host_available)
         return DomainSample(available, budget, current,
                             psi_some_avg10(self.files.read(self.cgroup, "memory.pressure")),
-                            self._cgroup_swap_free())
+                            self._cgroup_swap_free(), self._refaults(self.cgroup, "memory.stat"))
+
+    def _refaults(self, directory: str, name: str) -> int | None:
+        """workingset_refault_anon of /proc/vmstat or a cgroup's memory.stat, in bytes."""
+        data = self.files.read(directory, name, absent_for_good=True)
+        pages = parse_key(data, "workingset_refault_anon") if data else None
+        return None if pages is None else pages * _PAGE
 
     def _cgroup_swap_free(self) -> int | None:
         """Host SwapFree, within the domain cgroup's own memory.swap.max when it sets one."""

@@ -29,6 +29,7 @@ from execgate.policy.admission import Admission, Decision
 from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
 from execgate.policy.headroom import time_to_peak
 from execgate.policy.pressure import PressureReading, assess_pressure
+from execgate.policy.swap_credit import SwapCredit, swap_room
 
 from .cgfiles import KeptFiles
 from .domain import Domain, DomainSample
@@ -67,6 +68,7 @@ class LiveCall:
     mem_sum: int = 0
     mem_n: int = 0
     last_mem: int = 0
+    peak_mem: int = 0  # the most it held at a sample: what of its peak it has taken already
     extra: dict[str, Any] = field(default_factory=dict)
     # (time, bytes) where its memory grew by RISE_STEP or more: when it neared its peak
     rise: list[tuple[float, int]] = field(default_factory=list)
@@ -143,7 +145,11 @@ class Engine:
         self.sandboxes = Sandboxes(settings.sandboxes, self.residency, cfg.state_dir, domain,
                                    self.events, clock, settings.headroom)
         self.idle_room = IdleRoom(settings.headroom, self.residency, clock)  # for calls
-        self.reading: PressureReading | None = None
+        self.swap_credit = SwapCredit(settings.headroom)
+        self.credit = 0  # of this step's swap room, the bytes counted as available
+        self._kept = (float("-inf"), 0.0)  # (when read, zswap's kept share)
+        self.reading: PressureReading | None = None  # for admission and the gate: with credit
+        self.physical: PressureReading | None = None  # for residency: without
         self.sample: DomainSample | None = None
         self.sampled_at = float("-inf")
         self.wake = asyncio.Event()  # a request for the control loop: tick now
@@ -291,12 +297,13 @@ class Engine:
 
     def _step_growth(self) -> None:
         if self.reading is not None and self.sample is not None:
-            self.growth.update(self.calls, self.reading.gate_state, self.sample.available,
-                               self.sample.budget, self.sample.swap_free)
+            self.growth.update(self.calls, self.reading.gate_state,
+                               self.sample.available + self.credit, self.sample.budget,
+                               self.sample.swap_free)
 
     def _step_residency(self) -> None:
-        if self.reading is not None:
-            self.residency.step(self.reading, self._busy, self.admission.queued_bytes)
+        if self.physical is not None:  # what is resident: push idle sandboxes out early
+            self.residency.step(self.physical, self._busy, self.admission.queued_bytes)
 
     def _stage_failed(self, name: str) -> None:
         n = self.loop.stage_errors[name] = self.loop.stage_errors.get(name, 0) + 1
@@ -315,6 +322,7 @@ class Engine:
     def _sample_domain(self) -> None:
         self.sample = self.domain.sample()
         self.sampled_at = self.clock()
+        self.swap_credit.observe(self.sampled_at, self.sample.refault_bytes, self.sample.budget)
 
     def _step_sandboxes(self) -> None:
         if self.reading is None or self.sample is None:
@@ -336,22 +344,27 @@ class Engine:
         return {c.container for c in self.calls.values()} | {
             str(msg.get("container")) for msg, _fut in self.pending.values()}
 
-    def _assess(self) -> PressureReading:
-        """Q(t) from the last domain sample and the growth still expected of admitted calls
-        (re-assessed at every step: a call admitted a moment ago has not grown yet)."""
+    def _assess(self, credit: int = 0) -> PressureReading:
+        """Q(t) from the last domain sample, with `credit` bytes of swap room counted as
+        available, and the growth still expected of admitted calls (re-assessed at every step:
+        a call admitted a moment ago has not grown yet; one whose pages went to swap has not
+        shrunk its demand)."""
         if self.clock() - self.sampled_at > self.settings.daemon.sample_period_s:
             self._sample_domain()  # a request after an idle period: no stale headroom
-        usage = {cid: c.last_mem for cid, c in self.calls.items()}
+        usage = {cid: c.peak_mem for cid, c in self.calls.items()}
         s = self.sample
         assert s is not None
         return assess_pressure(self.settings.pressure, s.available, s.budget,
                                predicted_growth=self.admission.predicted_growth(usage),
                                undeclared_growth=self.admission.predicted_growth(usage, True),
-                               psi_some_avg10=s.psi_some_avg10)
+                               psi_some_avg10=s.psi_some_avg10, swap_credit=credit)
 
     def _step(self) -> None:
-        self.reading = self._assess()
-        decisions = self.admission.step(self.reading, self.idle_room.offer(bool(self.pending)))
+        self.physical = self._assess()
+        offer = self.idle_room.offer(bool(self.pending))
+        self.credit = self._swap_credit(self.physical, offer)
+        self.reading = self._assess(self.credit) if self.credit else self.physical
+        decisions = self.admission.step(self.reading, offer)
         first = self.admission.first_in_line
         self.idle_room.settle(self.admission.borrowed_bytes, first.deficit_bytes if first else 0)
         for decision in decisions:
@@ -370,6 +383,18 @@ class Engine:
                                 charge=decision.charge_bytes,
                                 reason=decision.reason, state=str(self.reading.state))
 
+    def _swap_credit(self, physical: PressureReading, offer: int) -> int:
+        """The domain's swap room that counts as available now (policy/swap_credit.py), less
+        what the idle room offers from the same swap."""
+        s = self.sample
+        free = s.swap_free if s is not None else None
+        now = self.clock()
+        if free and now - self._kept[0] >= 1.0:  # zswap's share, read once a second
+            self._kept = (now, self.residency.swap_kept())
+        kept = self._kept[1] if free else 0.0
+        return self.swap_credit.credit(now, swap_room(free, kept, physical.safety_margin),
+                                       offer)
+
     def _sample_calls(self) -> None:
         now = self.clock()
         for cid, call in list(self.calls.items()):
@@ -384,6 +409,7 @@ class Engine:
             call.mem_sum += mem
             call.mem_n += 1
             call.last_mem = mem
+            call.peak_mem = max(call.peak_mem, mem)
             if mem > (call.rise[-1][1] if call.rise else 0) * RISE_STEP and len(call.rise) < 256:
                 call.rise.append((now, mem))
             if self._leaked(call, now):
@@ -469,6 +495,7 @@ class Engine:
             "growth": self.growth.snapshot(),
             "residency": self.residency.snapshot(),
             "idle_room": self.idle_room.snapshot(),
+            "swap_credit": self.swap_credit.snapshot(self.clock()),
             "sandbox_admission": self.sandboxes.snapshot(),
             "probes": self.probes.snapshot(),
             "history_calls": self.store.count(),

@@ -49,10 +49,21 @@ class HeadroomConfig:
     swap_out_bytes_per_s: float = 256 << 20  # 256 MiB/s (1 << 20 = 1 MiB)
     # Time from a call's start to its peak when the caller knows nothing better.
     default_time_to_peak_s: float = 1.0
+    # Call admission and the growth gate count the domain's swap room as available memory
+    # while it does not thrash (policy/swap_credit.py): the kernel swaps cold pages out itself.
+    count_swap: bool = True
+    # Anonymous refaults per second, as a share of the budget, from which the domain thrashes,
+    thrash_refault_fraction: float = 0.02
+    thrash_window_s: float = 2.0  # measured over this window;
+    thrash_hold_s: float = 30.0  # no swap counted for this long after the domain last thrashed.
 
     def __post_init__(self) -> None:
         if self.swap_out_bytes_per_s < 0 or self.default_time_to_peak_s < 0:
             raise ValueError("swap_out_bytes_per_s and default_time_to_peak_s must be >= 0")
+        if self.thrash_refault_fraction < 0 or self.thrash_window_s <= 0 \
+                or self.thrash_hold_s < 0:
+            raise ValueError("thrash_refault_fraction and thrash_hold_s must be >= 0, "
+                             "thrash_window_s > 0")
 
 
 # Of a byte swapped out through zswap, the compressed copy zswap keeps in memory stays charged

@@ -3,7 +3,9 @@
 Pure and I/O-free: the daemon samples the domain every control period (100 ms) and hands the
 numbers to `assess_pressure`; the result feeds admission (TenonAgent §3.4) and the growth gate.
 
-The state is derived from *usable headroom* H = max(available − S, 0), where the safety margin S
+The state is derived from *usable headroom* H = max(available + swap credit − S, 0), where the
+swap credit is the swap room that counts as memory while the domain does not thrash
+(`swap_credit.py`) and the safety margin S
 keeps the kernel's own reclaim room out of the schedulable pool; S is at most
 `safety_margin_fraction` (1/8) of the budget, so a small cgroup domain is not mostly margin.
 `effective_margin` computes S for admission and the growth gate alike (one knob, one headroom).
@@ -70,7 +72,7 @@ class PressureReading:
     """One explainable evaluation of Q(t); admission reads state, budget and headroom from it."""
 
     state: Pressure
-    # H = max(available − S, 0).
+    # H = max(available + swap_credit − S, 0).
     headroom: int
     # max(H − predicted_growth, 0): what is left once admitted calls reach their predicted peaks.
     effective_headroom: int
@@ -87,6 +89,8 @@ class PressureReading:
     red_limit: int = 0
     # The state the growth gate paces by (see `gate_state`); None = `state`.
     by_gate: Pressure | None = None
+    # Swap room counted as available (policy/swap_credit.py): in headroom and logical budget.
+    swap_credit: int = 0
 
     @property
     def gate_state(self) -> Pressure:
@@ -98,8 +102,9 @@ class PressureReading:
 
     @property
     def logical_budget(self) -> int:
-        """budget − S: what admission may hand out as logical charges (TenonAgent §3.4)."""
-        return max(self.budget - self.safety_margin, 0)
+        """budget − S: what admission may hand out as logical charges (TenonAgent §3.4),
+        plus the swap room that counts as memory (cold pages the kernel swaps out itself)."""
+        return max(self.budget - self.safety_margin, 0) + max(self.swap_credit, 0)
 
 
 def fmt_bytes(n: float) -> str:
@@ -131,6 +136,7 @@ def assess_pressure(
     predicted_growth: int = 0,
     undeclared_growth: int = 0,
     psi_some_avg10: float | None = None,
+    swap_credit: int = 0,
 ) -> PressureReading:
     """Classify one sample of the domain into green / yellow / red (TenonAgent §3.2).
 
@@ -139,12 +145,14 @@ def assess_pressure(
     predicted_growth: bytes the already-admitted calls are still predicted to grow by (see
     `predicted_remaining_growth`); undeclared_growth: the part of it predicted for calls without a
     declaration (for `gate_state`). psi_some_avg10: PSI memory `some avg10`, if known.
+    swap_credit: bytes of swap room that count as available (`swap_credit.SwapCredit`).
     """
     if budget < 0:
         raise ValueError("budget must be >= 0")
     margin = effective_margin(config, budget)
     growth = max(predicted_growth, 0)
-    headroom = max(available - margin, 0)
+    credit = max(swap_credit, 0)
+    headroom = max(available + credit - margin, 0)
     effective = max(headroom - growth, 0)
     red_limit = int(budget * config.red_fraction)
     yellow_limit = int(budget * (config.red_fraction + config.yellow_fraction))
@@ -167,6 +175,8 @@ def assess_pressure(
     else:
         reason = f"{state}: headroom {fmt_bytes(headroom)} <= {state} limit {fmt_bytes(limit)}"
 
+    if credit:
+        reason += f" (swap counts {fmt_bytes(credit)})"
     if psi_some_avg10 is not None:
         for threshold, psi_state in (
             (config.psi_red_some_avg10, Pressure.RED),
@@ -194,6 +204,7 @@ def assess_pressure(
         psi_some_avg10=psi_some_avg10,
         red_limit=red_limit,
         by_gate=by_gate,
+        swap_credit=credit,
     )
 
 
