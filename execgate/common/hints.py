@@ -156,12 +156,33 @@ def escape(text: str) -> str:
     )
 
 
+# Echoed inside single quotes: only these pass raw. Every shell metacharacter (quotes,
+# backslash, `$`, `;`, `|`, `&`, globs, brackets, `#`, `~`, `!`) becomes `\xNN`, so a quoted
+# hint is inert even if a shell reads the line (`';touch${IFS}x;#'` cannot close the quotes).
+_QUOTE_RAW = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 =:.,_+-/@%")
+
+
+def _quoted_char(ch: str) -> str:
+    if ch in _QUOTE_RAW:
+        return ch
+    if " " <= ch <= "~":
+        return f"\\x{ord(ch):02x}"
+    return ch.encode("unicode_escape").decode("ascii")  # \n, \x1b, \u200b
+
+
 def quote(text: str, limit: int = 40) -> str:
-    """escape()d and single-quoted, cut to `limit` characters so 10 kB of junk stays one line."""
-    shown = escape(text[: limit + 1])
-    if len(shown) > limit:
-        shown = shown[:limit] + "..."
-    return f"'{shown}'"
+    """Single-quoted, every character outside _QUOTE_RAW escaped Python-style (`\\x3b`,
+    `\\u00e9`), cut at `limit` shown characters (never inside an escape) so 10 kB of junk
+    stays one line."""
+    shown: list[str] = []
+    size = 0
+    for i, ch in enumerate(text[: limit + 1]):
+        piece = _quoted_char(ch)
+        if size + len(piece) > limit or i == limit:
+            return "'" + "".join(shown) + "...'"
+        shown.append(piece)
+        size += len(piece)
+    return "'" + "".join(shown) + "'"
 
 
 class _Bad(ValueError):

@@ -203,7 +203,7 @@ def test_too_long_is_rejected_outright() -> None:
 @pytest.mark.parametrize(
     ("text", "shown"),
     [
-        ("mem=1g\x1b[31m", "'mem=1g\\x1b[31m'"),
+        ("mem=1g\x1b[31m", "'mem=1g\\x1b\\x5b31m'"),
         ("memory:low\x00", "'memory:low\\x00'"),
         ("memory:\x7flow", "'memory:\\x7flow'"),
         ("memory:low\u200b", "'memory:low\\u200b'"),

@@ -94,7 +94,7 @@ class Placement(AgentsState):
         raise_oom_score_adj(m.tgid, self.cfg.tool_oom_score_adj)
         mem = procfs.memory_status(m.tgid)
         self.stats["placed"] += 1
-        stderr = procfs.open_stderr(m.tgid)
+        stderr = procfs.take_stderr(m.tgid)
         tty = stderr is not None and os.isatty(stderr)
         argv = procfs.nul_list(f"/proc/{m.tgid}/cmdline")
         if not argv:  # it ended already: no command line left, but a zombie keeps its name

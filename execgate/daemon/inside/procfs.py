@@ -1,11 +1,14 @@
 """What the daemon reads of a process in /proc: its parent, start, cgroup, name, memory, children,
-command line, environment, and a handle on its stderr. Each returns None (or empty) once the
+command line, environment, and its very stderr. Each returns None (or empty) once the
 process is gone: a short command may end at any point while it is being placed.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
+import stat
 
 
 def _stat_field(pid: int, index: int) -> int | None:
@@ -83,15 +86,62 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def open_stderr(pid: int) -> int | None:
-    """A new open file description of the process's stderr, for feedback once it ends.
+def _pidfd_getfd(pid: int, target: int) -> int:
+    """A duplicate of another process's descriptor (pidfd_getfd(2), close-on-exec): the very
+    open file description it holds, with its access mode; OSError if it cannot be had."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        fd = _libc().syscall(_SYS_PIDFD_GETFD, pidfd, target, 0)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return int(fd)
+    finally:
+        os.close(pidfd)
 
-    O_APPEND so a regular file is never overwritten from offset 0; O_NONBLOCK so a full pipe
-    never blocks the daemon; O_NOCTTY so a terminal never becomes ours. Sockets cannot be
-    opened this way: such a call gets no feedback.
+
+def take_stderr(pid: int) -> int | None:
+    """The process's own stderr, for feedback once it ends; None if nothing may be written.
+
+    Never reopened by path as root (that could append to a file the process only reads):
+    pidfd_getfd takes the very descriptor, and one not open for writing gets no feedback. A
+    pipe or terminal is then reopened through our copy, with the same write-only access but
+    our own O_NONBLOCK (setting it on the shared description would change the process's
+    stream), so a full pipe or a stopped terminal never blocks the daemon. A regular file is
+    written through the shared description, at the process's own offset. A blocking socket
+    cannot be reopened: such a call gets no feedback.
     """
     try:
-        return os.open(f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY
-                       | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = _pidfd_getfd(pid, 2)
     except OSError:
         return None
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            return _closed(fd)
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode) or flags & os.O_NONBLOCK:
+            return fd
+        if stat.S_ISSOCK(mode):
+            return _closed(fd)
+        own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK
+                      | os.O_CLOEXEC)
+    except OSError:
+        return _closed(fd)
+    os.close(fd)
+    return own
+
+
+def _closed(fd: int) -> None:
+    os.close(fd)
+
+
+_SYS_PIDFD_GETFD = 438  # x86_64's and the generic table's (arm64, riscv) alike
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
