@@ -111,6 +111,11 @@ def _one(job: tuple[Any, ...]) -> tuple[dict[str, Any], float]:
     return r, time.perf_counter() - t0
 
 
+def _swap_in(args: argparse.Namespace) -> float | None:
+    mib = args.swap_in_bandwidth_mib
+    return None if mib is None else mib * MiB
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     n = args.sandboxes
@@ -121,16 +126,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     schemes = sim_schemes.parse(args.schemes, ks, n)
     cost, by_rt = _cost(args.cost)
     mem = MemoryConfig(swap=args.swap, swap_ratio=args.swap_ratio,
-                       swap_bandwidth_bps=args.swap_bandwidth_mib * MiB, zram=args.zram)
+                       swap_bandwidth_bps=args.swap_bandwidth_mib * MiB,
+                       swap_in_bandwidth_bps=_swap_in(args), zram=args.zram)
     settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
                            retry_limit=RETRY_LIMIT, immediate_steps=args.immediate,
-                           sandbox_period_s=args.sandbox_period)
+                           sandbox_period_s=args.sandbox_period, hot_calls=args.hot_calls)
     over = oversubscription(tasks, budget)
     lines = [f"{n} sandboxes (generator seed {args.seed}, calibrated, unscaled), budget "
              f"{budget / (1 << 30):.1f} GiB, oversubscription {over:.2f}x, arrivals "
              f"{args.arrival} mean gap {args.mean_gap:g} s; cost {cost.source}; swap "
              f"{('on (zram)' if args.zram else 'on (zswap)') if args.swap else 'off'}; tick "
-             f"{args.tick:g} s, sandbox admission every "
+             f"{args.tick:g} s, {'hot' if args.hot_calls else 'cold'} calls, sandbox "
+             "admission every "
              f"{args.sandbox_period:g} s, admission steps "
              f"{'on every submit/release' if args.immediate else 'once per tick'}", "",
              "| scheme | done | OOM kills | init kills | attempts | makespan s | P50 s | P95 s | "
@@ -192,21 +199,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
     n = max(len(p.tasks) for p in points)
     schemes = sim_schemes.parse(rargs.schemes, [int(k) for k in rargs.static_k.split(",")], n)
     cost, by_rt = _cost(args.cost)
+    probe = MemoryConfig(swap_bandwidth_bps=args.swap_bandwidth_mib * MiB,
+                         swap_in_bandwidth_bps=_swap_in(args))
     lines = [f"bench.replay sweep {' '.join(args.replay_args)}", f"cost {cost.source}; swap-out "
-             f"{args.swap_bandwidth_mib:g} MiB/s, ratio {rargs.fill_ratio:g}; tick {args.tick:g} s;"
-             f" {_policy_line()}", "",
-             "| point | scheme | done | OOM kills | init kills | makespan s | P50 s | daemon |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"{args.swap_bandwidth_mib:g} MiB/s, swap-in {probe.swap_in_bps / MiB:g} MiB/s, "
+             f"ratio {rargs.fill_ratio:g}; {'hot' if w.hot_calls else 'cold'} calls; tick "
+             f"{args.tick:g} s; {_policy_line()}", "",
+             "| point | scheme | done | OOM kills | init kills | makespan s | P50 s | "
+             "refaults MiB | stall s | daemon |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     print("\n".join(lines), flush=True)
     out: list[dict[str, Any]] = []
     for p in points:
         mem = MemoryConfig(swap=p.swap, swap_ratio=max(rargs.fill_ratio, 1.0),
                            swap_bandwidth_bps=args.swap_bandwidth_mib * MiB,
+                           swap_in_bandwidth_bps=_swap_in(args),
                            swap_max_bytes=parse_size(rargs.zram_size) if p.swap else None,
                            zram=True)  # the bench's swap is a zram device
         settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
                                retry_limit=RETRY_LIMIT, immediate_steps=True,
-                               sandbox_period_s=args.sandbox_period)
+                               sandbox_period_s=args.sandbox_period, hot_calls=w.hot_calls)
         arrivals = p.describe(w.speed)["arrivals_wall_s"]
         for s in schemes:
             if s.swap_at(p.swap) is None:
@@ -224,7 +236,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                      f"{d['states']['red']:.0f} s" if d else "")
             lines.append(f"| {p.label} | {s.name} | {m['tasks_completed']}/{m['tasks_total']} | "
                          f"{m['oom_kills']} | {m['init_oom_kills']} | {m['makespan_s']:.0f} | "
-                         f"{m['latency_arrival_p50_s']:.0f} | {brief} |")
+                         f"{m['latency_arrival_p50_s']:.0f} | {m['refault_bytes'] / MiB:.0f} | "
+                         f"{m['stall_s']:.0f} | {brief} |")
             print(lines[-1], flush=True)
             out.append({"point": p.label, "scheme": s.name, "metrics": m, "daemon": d or None})
     if args.out:
@@ -271,6 +284,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--zram", action="store_true", help="swap's compressed copies not charged to "
                    "the domain (zram's pool); default: charged at 1/ratio (zswap)")
     s.add_argument("--swap-bandwidth-mib", type=float, default=256.0)
+    s.add_argument("--swap-in-bandwidth-mib", type=float, default=None,
+                   help="swap-in speed (default: 5.4x swap-out, the VM's ratio)")
+    s.add_argument("--hot-calls", action="store_true",
+                   help="calls read every page they hold each tick (bench --hot-calls)")
     s.add_argument("--tick", type=float, default=0.25,
                    help="control period, s (the daemon's is 0.1; 0.25 keeps 1,000 sandboxes "
                         "under a minute)")
@@ -287,6 +304,9 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="the points a bench.replay sweep would run, simulated")
     r.add_argument("--cost", default="hw", help="as sweep's (a results file: the VM's fit)")
     r.add_argument("--swap-bandwidth-mib", type=float, default=256.0)
+    r.add_argument("--swap-in-bandwidth-mib", type=float, default=None,
+                   help="swap-in speed (default: 5.4x swap-out, the VM's ratio); hot calls "
+                        "come from the bench's own --hot-calls")
     r.add_argument("--tick", type=float, default=0.1)
     r.add_argument("--sandbox-period", type=float, default=0.1)
     r.add_argument("--out")

@@ -223,7 +223,7 @@ class ExecgateHands:
             return []
         assert self._live_views is not None
         live = self._live_views.read(self.clock())
-        running = [int(max(c.level, self.calls[cid].declared_bytes or 0))
+        running = [int(max(c.charge, self.calls[cid].declared_bytes or 0))
                    for cid, c in self.running.items() if cid in self.calls]
         margin = self.reading.safety_margin if self.reading is not None else 0
         pushes = self.residency.enabled and self.residency.reclaim
@@ -294,7 +294,7 @@ class ExecgateHands:
         rise = self.rise.pop(call_id, None)
         learns = self.idle_room is not None and hasattr(self.idle_room, "peak_times")
         if rise and call is not None and learns and time_to_peak is not None:
-            peak = int(call.peak)
+            peak = int(call.shown_peak)
             self.idle_room.peak_times.observe(time_to_peak(rise, rise[0][0], peak), peak)
         self.waiting.discard(call_id)
         if info is None:
@@ -307,10 +307,10 @@ class ExecgateHands:
             self.next_peak.pop(info.sandbox, None)
             if call is not None:
                 self.box_peaks[info.sandbox] = max(self.box_peaks.get(info.sandbox, 0),
-                                                   int(call.peak))
-        if call is not None and call.peak > 0:
+                                                   int(call.shown_peak))
+        if call is not None and call.shown_peak > 0:  # the watcher's memory.peak
             run = max(call.last - call.started, 1e-6)
-            self.estimator.observe(info, Outcome(peak_bytes=int(call.peak),
+            self.estimator.observe(info, Outcome(peak_bytes=int(call.shown_peak),
                                                  avg_bytes=int(call.area / run),
                                                  duration_s=run, oom_killed=oom_killed))
         self.admission.release(call_id)
@@ -319,7 +319,7 @@ class ExecgateHands:
     # -- the control period --------------------------------------------------------------------
 
     def _assess(self) -> PressureReading:
-        usage = {cid: int(c.level) for cid, c in self.running.items()}
+        usage = {cid: int(c.charge) for cid, c in self.running.items()}
         available = int(self.domain.budget - self.domain.usage())
         return assess_pressure(self.settings.pressure, available, self.domain.budget,
                                predicted_growth=self.admission.predicted_growth(usage),
@@ -365,9 +365,9 @@ class ExecgateHands:
                 if not c.held:
                     self.cpu[cid] += max(int(dt * 1e5), 1)  # page faults cost it CPU
                 rise = self.rise.setdefault(cid, [])
-                if c.level > (rise[-1][1] if rise else 0) * 1.05 and len(rise) < 256:
-                    rise.append((now, int(c.level)))
-                samples.append(Sample(cid, int(c.level), self.cpu[cid],
+                if c.charge > (rise[-1][1] if rise else 0) * 1.05 and len(rise) < 256:
+                    rise.append((now, int(c.charge)))
+                samples.append(Sample(cid, int(c.charge), self.cpu[cid],
                                       self.calls[cid].declared_bytes, c.started))
             available = int(self.domain.budget - self.domain.usage())
             pressure = reading.gate_state if self.gate_on else Pressure.GREEN

@@ -11,14 +11,29 @@ What is modelled, and why each piece is there:
 * optional **page cache** left by calls (`cache_fraction` of their peak), dropped first at the
   limit, as the kernel's reclaim would;
 * optional **compressed swap** (zswap-like: the compressed copy is charged to the domain at
-  1/ratio, pages move at `bandwidth_bps`): kernel reclaim at the limit pushes out the anonymous
-  memory of the longest-idle sandboxes, and `memory.reclaim` (residency) pushes out one chosen
-  sandbox; off by default, as in the VM sweep (`memory.swap.max = 0`);
+  1/ratio, pages move out at `swap_bandwidth_bps`): kernel reclaim at the limit pushes out
+  anonymous memory coldest first, as the LRU would take it: idle sandboxes' (longest idle
+  first), then busy sandboxes' baselines (memload's init writes its baseline once), then the
+  pages of running calls that do not read them again (memload without `--hot` writes a page
+  once: the kernel swaps a cold call out under itself for free), and last, in proportion to
+  what each holds, the pages of hot calls (`--hot`: every page read each tick); `memory.reclaim`
+  (residency) pushes out one chosen sandbox; off by default, as in the VM sweep
+  (`memory.swap.max = 0`);
+* **swap-in** (`swap_in_bps`): a hot call must have every page it holds back before its pass
+  over them ends, so each period it first brings back what it has in swap, at the swap-in
+  bandwidth (shared by the calls that wait, into free memory; into a full domain each byte
+  also waits for one to be reclaimed, so at 1/(1/in + 1/out)), and its trace time advances only
+  for the rest of the period; a call that cannot have them all back in one period does not
+  advance (memload counts its ticks: it never skips one). Bytes brought back are the domain's
+  anonymous refaults (`refault_bytes`, memory.stat `workingset_refault_anon`); what the swap-ins
+  push out takes the LRU's order, hot pages included (thrash). Cold calls and baselines never
+  refault (memload's init and a cold call never read their pages again);
 * **direct reclaim** (with swap): what the period's swap-out cannot cover is taken back from the
-  calls that grew in it (their allocations wait on reclaim; memload catches up later) while the
-  sandboxes have anonymous memory left to swap and swap has room, rather than killed; what
-  remains (a baseline arriving) is swapped out of the coldest sandboxes beyond the bandwidth,
-  its wait not timed (a real create would start that much later);
+  calls that grew in it (their allocations wait on reclaim; memload catches up later) while
+  anonymous memory is left to swap and swap has room, rather than killed; what remains (a
+  baseline arriving) is swapped out of the coldest memory beyond the bandwidth, its wait not
+  timed (a real create would start that much later). `stall_s` adds up the time at least one
+  task waited on reclaim or swap-in (PSI `some`), `psi_some_avg10` its 10-s average in percent;
 * **OOM at the limit**: when the charge would exceed memory.max and reclaim cannot cover it, the
   kernel kills the process of highest badness = resident + swapped bytes + oom_score_adj/1000 of
   the limit, and with memory.oom.group a tool call's cgroup dies whole. A sandbox's init is a
@@ -38,6 +53,10 @@ from bench.trace import MemoryProfile, memory_at
 from execgate.common.units import MiB
 
 SLACK = 1.0  # bytes: curves are floats, a kill is never for rounding
+# Swap-in against swap-out bandwidth when only swap-out is given: the VM under TCG measured
+# ~27 MB/s in and ~5 MB/s out (zram: decompressing is cheaper than compressing).
+SWAP_IN_OVER_OUT = 5.4
+PSI_WINDOW_S = 10.0  # avg10
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,7 @@ class MemoryConfig:
     swap: bool = False
     swap_ratio: float = 3.0  # compression ratio of swapped anonymous memory
     swap_bandwidth_bps: float = 256 * MiB  # swap-out (and memory.reclaim) speed
+    swap_in_bandwidth_bps: float | None = None  # None: SWAP_IN_OVER_OUT x swap_bandwidth_bps
     swap_max_bytes: int | None = None  # memory.swap.max; None = unlimited
     # zram: the compressed copies live in the device's pool, the host's memory, not charged to
     # the domain (zswap, the default here, charges them at 1/swap_ratio).
@@ -62,8 +82,14 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if self.swap_ratio < 1 or self.swap_bandwidth_bps <= 0:
             raise ValueError("swap_ratio must be >= 1 and swap_bandwidth_bps > 0")
+        if self.swap_in_bandwidth_bps is not None and self.swap_in_bandwidth_bps <= 0:
+            raise ValueError("swap_in_bandwidth_bps must be > 0")
         if not 0 <= self.cache_fraction <= 1:
             raise ValueError("cache_fraction must be in [0, 1]")
+
+    @property
+    def swap_in_bps(self) -> float:
+        return self.swap_in_bandwidth_bps or SWAP_IN_OVER_OUT * self.swap_bandwidth_bps
 
 
 @dataclass(eq=False)
@@ -77,21 +103,42 @@ class SimCall:
     oom_score_adj: int
     started: float  # when the process started (after exec's setup and any admission wait)
     held: bool = False
-    level: float = 0.0  # bytes now
+    hot: bool = False  # reads every page it holds each tick (memload --hot)
+    level: float = 0.0  # bytes now (resident + swapped: what the process allocated)
     peak: float = 0.0
     before: float = 0.0  # bytes before the last advance (what a stall gives back to)
     peak_before: float = 0.0
     area: float = 0.0  # byte-seconds, for the average the estimator learns
     last: float = 0.0
+    swapped: float = 0.0  # of level, out in swap
+    owed: float = 0.0  # swapped bytes its current pass still has to bring back (hot)
+    lag: float = 0.0  # seconds lost waiting on swap-in: its trace time is now - started - lag
+    touched: float = 0.0  # when it last read its pages (the LRU's age); a cold call: its start
+    charge: float = 0.0  # what its cgroup's memory.current shows (resident + zswap's copies)
+    shown_peak: float = 0.0  # the largest charge (memory.peak)
+
+    def __post_init__(self) -> None:
+        self.touched = self.started
+
+    @property
+    def resident(self) -> float:
+        return self.level - self.swapped
+
+    def end_at(self) -> float:
+        """When the process exits, as of now (swap-in waits push it later)."""
+        return self.started + self.duration_s + self.lag
 
     def curve(self, now: float) -> float:
-        return memory_at(self.profile, min(max(now - self.started, 0.0), self.duration_s),
-                         self.duration_s)
+        t = now - self.started - self.lag
+        return memory_at(self.profile, min(max(t, 0.0), self.duration_s), self.duration_s)
 
     def advance(self, now: float) -> None:
         self.before, self.peak_before = self.level, self.peak
         if not self.held:
             self.level = self.curve(now)
+            # memload gives back the pages it wrote last (the resident ones) when it shrinks
+            self.swapped = min(self.swapped, self.level)
+            self.owed = min(self.owed, self.swapped)
         self.area += self.level * max(now - self.last, 0.0)
         self.last = now
         self.peak = max(self.peak, self.level)
@@ -145,8 +192,16 @@ class Domain:
     # Sets that collect the ids of boxes that came, went, or whose bytes or call changed: what
     # the daemon's hands re-read (its views of 1,000 sandboxes, rebuilt only where they moved).
     watchers: list[set[str]] = field(default_factory=list)
+    call_cgroups: bool = False  # calls in their own memcg (execgate's tool-<hex>), not the box's
     added: int = 0
     stalled_bytes: float = 0.0  # growth held back by direct reclaim (MemoryConfig.direct_reclaim)
+    refault_bytes: float = 0.0  # anonymous refaults, cumulative (workingset_refault_anon)
+    stall_s: float = 0.0  # time some task waited on reclaim or swap-in (PSI some), cumulative
+    psi_some_avg10: float = 0.0  # its 10-s average, percent (memory.pressure's some avg10)
+    _tick_stall: float = 0.0  # this period's share of stall_s so far
+    box_swapped: float = 0.0  # bytes in swap: the live sandboxes', and
+    call_swapped: float = 0.0  # the running calls' (kept as running totals)
+    _reclaim_in: float = 0.0  # bytes this period's swap-ins must reclaim (paid in their wait)
 
     def _touch(self, box_id: str) -> None:
         for w in self.watchers:
@@ -176,26 +231,92 @@ class Domain:
             self._touch(box_id)
             box.alive = False
             self.static -= self._box_static(box)
+            self.box_swapped -= box.swapped
             if box.call is not None and self.running.pop(box.call.id, None) is not None:
-                self.levels -= box.call.level + self.config.call_overhead_bytes
+                self.levels -= box.call.charge + self.config.call_overhead_bytes
+                self.call_swapped -= box.call.swapped
             if not self.boxes:
                 self.static = 0.0  # no float drift across an empty domain
+                self.box_swapped = 0.0
             if not self.running:
                 self.levels = 0.0
+                self.call_swapped = 0.0
 
     def start_call(self, call: SimCall) -> None:
         call.box.call = call
         self._touch(call.box.id)
         self.running[call.id] = call
-        self.levels += call.level + self.config.call_overhead_bytes
+        call.charge = call.level - call.swapped * self._freed_per_byte()
+        self.levels += call.charge + self.config.call_overhead_bytes
 
-    def advance(self, now: float) -> None:
-        """Every running call to its bytes at `now` (held calls keep theirs)."""
-        total = 0.0
+    def advance(self, now: float, dt: float = 0.0) -> None:
+        """Every running call to its bytes at `now` (held calls keep theirs), after the hot
+        calls have brought back what they had in swap (the period's swap-in, `dt` long)."""
+        self._tick_stall = 0.0
+        self._reclaim_in = 0.0
+        wait = self._swap_in(dt) if self.config.swap and dt > 0 else 0.0
+        fpb = self._freed_per_byte()
+        total = swapped = 0.0
         for c in self.running.values():
             c.advance(now)
-            total += c.level
+            if c.hot and not c.held:
+                c.touched = now
+            c.charge = c.level - c.swapped * fpb
+            c.shown_peak = max(c.shown_peak, c.charge)
+            total += c.charge
+            swapped += c.swapped
         self.levels = total + len(self.running) * self.config.call_overhead_bytes
+        self.call_swapped = swapped
+        self._stalled(wait, dt)
+
+    def _swap_in(self, dt: float) -> float:
+        """The hot calls' passes bring back what they owe from swap, proportionally, at the
+        swap-in bandwidth into free memory and at 1/(1/in + 1/out) beyond it (each page in
+        waits for one out). A call that finishes loses its wait; one that does not, the whole
+        period. Returns the wait (the longest: they all finish together)."""
+        waiting = [c for c in self.running.values() if c.hot and not c.held and c.swapped > 0]
+        if not waiting:
+            return 0.0
+        cfg = self.config
+        for c in waiting:
+            if c.owed <= 0:  # a new pass over its pages: all of what is out must come back
+                c.owed = c.swapped
+        need = sum(c.owed for c in waiting)
+        free = max(self.budget - self.usage(), 0.0) / self._freed_per_byte()
+        fast = cfg.swap_in_bps
+        slow = 1.0 / (1.0 / fast + 1.0 / cfg.swap_bandwidth_bps)
+        t_need = min(need, free) / fast + max(need - free, 0.0) / slow
+        if t_need <= dt:
+            got, wait = need, t_need
+        else:  # what the period buys: the free part first, then the slow part
+            got = min(dt * fast, free)
+            got += (dt - got / fast) * slow
+            got, wait = min(got, need), dt
+        share = got / need
+        for c in waiting:
+            back = c.owed * share
+            c.owed -= back
+            c.swapped -= back
+            self.call_swapped -= back
+            c.lag += dt if c.owed > SLACK else wait
+            if c.owed <= SLACK:
+                c.owed = 0.0
+        self.refault_bytes += got
+        self._reclaim_in = max(got - free, 0.0)
+        return wait
+
+    def _stalled(self, wait: float, dt: float) -> None:
+        """Some task waited `wait` of this period (PSI some counts it once, whoever waits)."""
+        if wait > self._tick_stall:
+            self.stall_s += wait - self._tick_stall
+            self._tick_stall = wait
+
+    def end_period(self, dt: float) -> None:
+        """The period is over: PSI's avg10 takes its share of stalled time."""
+        if dt > 0:
+            frac = min(self._tick_stall / dt, 1.0)
+            self.psi_some_avg10 += (100 * frac - self.psi_some_avg10) * (
+                1 - math.exp(-dt / PSI_WINDOW_S))
 
     def calls(self) -> Iterator[SimCall]:
         return iter(self.running.values())
@@ -207,9 +328,11 @@ class Domain:
         if box.call is call:
             box.call = None
         if self.running.pop(call.id, None) is not None:
-            self.levels -= call.level + self.config.call_overhead_bytes
+            self.levels -= call.charge + self.config.call_overhead_bytes
+            self.call_swapped -= call.swapped
             if not self.running:
                 self.levels = 0.0
+                self.call_swapped = 0.0
         if leaves and box.alive:
             before = self._box_static(box)
             box.retained += call.profile.retained_bytes
@@ -222,16 +345,19 @@ class Domain:
         """memory.current of the slice (resident + the compressed copies of swapped pages)."""
         return self.static + self.levels
 
-    def swap_used(self) -> int:
-        return sum(b.swapped for b in self.boxes.values())
+    def swap_used(self) -> float:
+        """Bytes in swap: the sandboxes' and the running calls' (kept as a running total)."""
+        return self.box_swapped + self.call_swapped
 
     # -- the kernel at the limit ---------------------------------------------------------------
 
+    def _room(self) -> float:
+        cfg = self.config
+        return math.inf if cfg.swap_max_bytes is None else cfg.swap_max_bytes - self.swap_used()
+
     def _swap_out(self, b: SimBox, want: float) -> float:
         """Move up to `want` resident bytes of b to compressed swap; returns the bytes freed."""
-        cfg = self.config
-        room = math.inf if cfg.swap_max_bytes is None else cfg.swap_max_bytes - self.swap_used()
-        n = int(max(0.0, min(want, b.anon, room)))
+        n = int(max(0.0, min(want, b.anon, self._room())))
         if n <= 0:
             return 0.0
         before = self._box_static(b)
@@ -239,7 +365,75 @@ class Domain:
         b.swapped += n
         self.static += self._box_static(b) - before
         self.swap_out_bytes += n
+        self.box_swapped += n
         return n * self._freed_per_byte()
+
+    def _swap_out_call(self, c: SimCall, want: float) -> float:
+        """Move up to `want` resident bytes of a running call to swap; returns the bytes freed."""
+        n = max(0.0, min(want, c.resident, self._room()))
+        if n <= 0:
+            return 0.0
+        self._touch(c.box.id)
+        c.swapped += n
+        freed = n * self._freed_per_byte()
+        c.charge -= freed
+        self.levels -= freed
+        self.swap_out_bytes += int(n)
+        self.call_swapped += n
+        return freed
+
+    def _units(self, hot: bool) -> list[tuple[float, list[SimBox | SimCall]]]:
+        """The memcgs reclaim walks, each with its pages of one age class, coldest first: if
+        not `hot`, a sandbox's baseline and retained shmem (written once) and its running
+        call's pages if the call does not read them (cold, or held); if `hot`, the pages of
+        the hot calls that run (read every tick: the youngest). Under runc a call runs in its
+        sandbox's cgroup; execgate's runtime gives it its own (`call_cgroups`: tool-<hex>)."""
+        units: list[tuple[float, list[SimBox | SimCall]]] = []
+        for b in self.boxes.values():
+            c = b.call
+            c_hot = c is not None and c.hot and not c.held
+            if hot:
+                if c is not None and c_hot and c.resident > 0:
+                    units.append((c.resident, [c]))
+                continue
+            take = c is not None and not c_hot and c.resident > 0
+            if self.call_cgroups or not take:
+                if b.anon > 0:
+                    units.append((float(b.anon), [b]))
+                if take and c is not None:
+                    units.append((c.resident, [c]))
+            elif c is not None:
+                units.append((b.anon + c.resident, [b, c]))
+        return units
+
+    def _push(self, over: float, cap: float, hot: bool = True) -> tuple[float, float]:
+        """Swap out up to `cap` bytes until `over` domain bytes are freed, as reclaim at the
+        domain's memory.max does: it walks every memcg under the limit (mm/vmscan.c
+        shrink_node_memcgs) and each gives in proportion to its size, its oldest pages first;
+        the multi-gen LRU skips a memcg low on cold pages while others have them, so pages
+        read every tick (hot calls) go only once nothing cold is left, if `hot`. Returns
+        (freed, moved)."""
+        fpb = self._freed_per_byte()
+        freed = 0.0
+        for young in (False, True) if hot else (False,):
+            want = min(cap - freed / fpb, (over - freed) / fpb, self._room())
+            if want <= SLACK:
+                break
+            units = self._units(young)
+            total = sum(size for size, _ in units)
+            if total <= 0:
+                continue
+            share = min(want / total, 1.0)
+            for size, sources in units:
+                left = size * share
+                for src in sources:
+                    if left <= 0:
+                        break
+                    got = (self._swap_out(src, math.ceil(left)) if isinstance(src, SimBox)
+                           else self._swap_out_call(src, left))
+                    left -= got / fpb
+                    freed += got
+        return freed, freed / fpb
 
     def step_reclaim(self, dt: float) -> None:
         """memory.reclaim requests in flight progress at the swap bandwidth (page cache first)."""
@@ -269,8 +463,10 @@ class Domain:
             self.reclaiming.add(box_id)
 
     def enforce(self, now: float, dt: float) -> list[Kill]:
-        """Bring usage under memory.max: drop cache, swap out the coldest sandboxes (within the
-        bandwidth of one period), then OOM-kill by badness until it fits."""
+        """Bring usage under memory.max: drop cache, make room for what the hot calls brought
+        back from swap (their wait paid for it), swap out coldest first within the bandwidth
+        of one period, stall the calls that grew (direct reclaim), swap out the rest beyond the
+        bandwidth (a baseline arriving), then OOM-kill by badness until it fits."""
         over = self.usage() - self.budget
         if over <= SLACK:
             return []
@@ -283,24 +479,22 @@ class Domain:
             self.static -= got
             over -= got
         if over > 0 and self.config.swap:
-            budget = self.config.swap_bandwidth_bps * dt
-            for b in sorted(self.boxes.values(),
-                            key=lambda b: (b.call is not None, b.last_active)):
-                if over <= 0 or budget <= 0:
-                    break
-                want = min(budget, math.ceil(over / self._freed_per_byte()))
-                freed = self._swap_out(b, want)
-                budget -= want
-                over -= freed
+            if self._reclaim_in > 0:
+                over -= self._push(min(over, self._reclaim_in * self._freed_per_byte()),
+                                   self._reclaim_in)[0]
+                self._reclaim_in = 0.0
+            over -= self._push(over, self.config.swap_bandwidth_bps * dt)[0]
             if over > SLACK and self.config.direct_reclaim and self._swappable():
-                over -= self._stall(over)
+                cut = self._stall(over)
+                over -= cut
+                if cut > 0:
+                    self._stalled(dt, dt)
                 # The rest (a sandbox's baseline arriving, shmem): its allocator waits while
-                # the coldest sandboxes' pages leave, beyond the period's bandwidth (untimed).
-                for b in sorted(self.boxes.values(),
-                                key=lambda b: (b.call is not None, b.last_active)):
-                    if over <= SLACK:
-                        break
-                    over -= self._swap_out(b, math.ceil(over / self._freed_per_byte()))
+                # the coldest pages leave, beyond the period's bandwidth (untimed).
+                if over > SLACK:
+                    freed, moved = self._push(over, math.inf, hot=False)
+                    over -= freed
+                    self._stalled(min(dt, moved / self.config.swap_bandwidth_bps), dt)
         kills = []
         while over > SLACK:
             victim = self._victim()
@@ -326,7 +520,8 @@ class Domain:
         cfg = self.config
         if cfg.swap_max_bytes is not None and self.swap_used() >= cfg.swap_max_bytes:
             return False
-        return any(b.anon > 0 for b in self.boxes.values())
+        return any(b.anon > 0 for b in self.boxes.values()) or any(
+            c.resident > 0 for c in self.running.values())
 
     def _stall(self, over: float) -> float:
         """Direct reclaim: the calls that grew in this period give their growth back, up to
@@ -340,7 +535,11 @@ class Domain:
         cut = min(over, total)
         for c, g in growth:
             c.level -= cut * g / total
+            c.charge -= cut * g / total
             c.peak = max(c.peak_before, c.level)
+            if c.swapped > c.level:
+                self.call_swapped -= c.swapped - c.level
+                c.swapped = c.level
         self.levels -= cut
         self.stalled_bytes += cut
         return cut

@@ -56,6 +56,7 @@ class SimSettings:
     sample_every_s: float = 0.15  # memory samples kept for the metrics (the VM's 150 ms)
     immediate_steps: bool = True  # admission stepped on every submit/release, as the daemon
     sandbox_period_s: float = 0.0  # sandbox admission stepped at most this often (0: each tick)
+    hot_calls: bool = False  # calls read every page they hold each tick (bench --hot-calls)
 
 
 @dataclass(eq=False)
@@ -92,7 +93,8 @@ class Simulation:
                        for t, a in zip(tasks, arrivals, strict=True)]
         self.by_id = {st.task.id: st for st in self.states}
         self.gate = make_gate(scheme, budget)
-        self.domain = Domain(budget, self.s.memory)
+        self.domain = Domain(budget, self.s.memory,
+                             call_cgroups=scheme.runtime == "execgate")
         self.now = 0.0
         self.heap: list[tuple[float, int, int, _TaskState, Any]] = []
         self.seq = 0
@@ -155,7 +157,7 @@ class Simulation:
             self.domain.start_call(call)
             if self.hands is not None:
                 self.hands.started(call)
-            self._wake(st, call.started + call.duration_s, "end")
+            self._wake(st, call.end_at(), "end")
 
     def _set_live(self, delta: int) -> None:
         """n changes: every operation in flight re-plans its end at the new rate."""
@@ -224,6 +226,7 @@ class Simulation:
             start = self.now
             yield ("op", ("exec", cost.exec_before))
             rc = 0
+            call = None
             if not box.alive:
                 rc = 126
             elif self.hands is not None:
@@ -236,7 +239,8 @@ class Simulation:
                     rc = 126
             if rc == 0:
                 call = SimCall(st.call_id or f"{box.id}/{idx}", box, step.memory, step.duration_s,
-                               self.oom_adj, started=self.now, last=self.now)
+                               self.oom_adj, started=self.now, last=self.now,
+                               hot=self.s.hot_calls)
                 box.last_active = self.now
                 got = yield ("process", call)
                 st.call = None
@@ -250,7 +254,8 @@ class Simulation:
             yield ("op", ("exec", 1.0 - cost.exec_before))
             self.calls.append({"task": task.id, "attempt": n, "call": idx, "start": start,
                                "end": self.now, "duration_s": step.duration_s, "exit": rc,
-                               "peak_bytes": step.memory.peak_bytes, "category": step.category})
+                               "peak_bytes": step.memory.peak_bytes, "category": step.category,
+                               "swap_wait_s": call.lag if call is not None else 0.0})
             if rc == 0:
                 rec["calls_done"] = idx
                 continue
@@ -310,7 +315,7 @@ class Simulation:
 
     def _tick(self, dt: float) -> None:
         now = self.now
-        self.domain.advance(now)
+        self.domain.advance(now, dt)
         self.domain.step_reclaim(dt)
         self._on_kills(self.domain.enforce(now, dt))
         if self.hands is not None:
@@ -326,6 +331,7 @@ class Simulation:
                     st = self._box_task(call.box.id)
                     if st is not None:
                         self._kill_call(st, "oom")
+        self.domain.end_period(dt)
         if not self.samples or now - self.samples[-1][0] >= self.s.sample_every_s - 1e-9:
             self.samples.append((now, self.domain.usage()))
 
@@ -364,6 +370,9 @@ class Simulation:
                 if value == "end" and st.call is not None and st.call.held:
                     self._wake(st, self.now + dt, "end")  # memload ends once let go
                     continue
+                if value == "end" and st.call is not None and st.call.end_at() > self.now + 1e-9:
+                    self._wake(st, st.call.end_at(), "end")  # it waited on swap-in meanwhile
+                    continue
                 self._resume(st, value)
             self.now = max(self.now, t_tick)
             self._tick(dt)
@@ -383,6 +392,9 @@ class Simulation:
             "kernel_oom_kills": len(self.domain.kills),
             "init_oom_kills": sum(k.call is None for k in self.domain.kills),
             "tool_calls": len(self.calls),
+            "swap_out_bytes": self.domain.swap_out_bytes,
+            "refault_bytes": int(self.domain.refault_bytes),
+            "stall_s": self.domain.stall_s,
         })
         metrics.pop("concurrency_timeline", None)
         out: dict[str, Any] = {"scheme": self.scheme.name, "family": self.scheme.family,
