@@ -87,8 +87,47 @@ def execve(runtime: str, args: list[str]) -> None:
     os.execve(runtime, [runtime, *args], child_env())
 
 
+# What an engine sends a runtime it wants gone: passed on to a runtime run as our child.
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
 def run(runtime: str, args: list[str]) -> int:
-    """Run the real runtime as a child with our stdio and every fd (runc's --preserve-fds)."""
-    pid = os.posix_spawn(runtime, [runtime, *args], child_env())
-    _, status = os.waitpid(pid, 0)
+    """Run the real runtime as a child with our stdio and every fd (runc's --preserve-fds);
+    its exit status (-N: killed by signal N). A signal the engine sends us meanwhile is
+    forwarded, so it stops runc as it would have stopped runc run directly."""
+    import signal
+
+    child: list[int] = []
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if not child:
+            pending.append(signum)
+            return
+        try:
+            os.kill(child[0], signum)
+        except ProcessLookupError:
+            pass
+
+    signums = [getattr(signal, name) for name in FORWARDED]
+    previous = {s: signal.signal(s, forward) for s in signums}
+    try:
+        child.append(os.posix_spawn(runtime, [runtime, *args], child_env()))
+        for signum in pending:
+            forward(signum, None)
+        _, status = os.waitpid(child[0], 0)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return os.waitstatus_to_exitcode(status)
+
+
+def exit_as(status: int) -> None:
+    """Exit as the runtime child did: the same code, or killed by the same signal."""
+    if status >= 0:
+        os._exit(status)
+    import signal
+
+    signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+    os._exit(128 - status)  # a signal that does not kill by default (SIGCHLD, SIGCONT...)

@@ -25,6 +25,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
+    from typing import NoReturn
 
     # A handler returns the argv to execve the real runtime with, or an exit status when it has
     # already run the runtime itself.
@@ -58,6 +59,14 @@ def _runtime(cfg: config_mod.Config, log: RuncLog) -> str:
         return real
 
 
+def _fail(inv: cli.Invocation, log: RuncLog, msg: str) -> NoReturn:
+    """A runc-level error, said as runc says one: in its log and on stderr, exit 1, or 255 for
+    exec (runc's own, so that an engine tells it from the command's exit status)."""
+    log.error(msg)
+    print(f"execgate: {msg}", file=sys.stderr)
+    sys.exit(255 if inv.command == "exec" else 1)
+
+
 def print_version(real: str) -> None:
     """execgate's own version line and the real runtime's path, before the runtime prints its
     own; written straight to fd 1, as execve drops whatever Python still buffers."""
@@ -75,16 +84,12 @@ def main() -> None:
     for problem in (*cfg.errors, *cfg.warnings):  # a bad value, a misspelled key: said once
         log.warning(problem)
     if runc.in_loop():
-        msg = "execgate was called by itself: the configured runtime resolves to execgate"
-        log.error(msg)
-        print(f"execgate: {msg}", file=sys.stderr)
-        sys.exit(1)
+        _fail(inv, log, "execgate was called by itself: the configured runtime resolves to "
+              "execgate")
     try:
         real = _runtime(cfg, log)
     except runc.RuntimeNotFound as e:
-        log.error(str(e))
-        print(f"execgate: {e}", file=sys.stderr)
-        sys.exit(1)
+        _fail(inv, log, str(e))
 
     if inv.command is None and inv.globals.is_set("version"):
         print_version(real)
@@ -103,7 +108,7 @@ def main() -> None:
             result = argv
     if isinstance(result, int):
         sys.stdout.flush()
-        os._exit(result)
+        runc.exit_as(result)
     log.debug(f"execve {real} {' '.join(result)}")
     runc.execve(real, result)
 
