@@ -1,4 +1,5 @@
-"""`delete`: run runc delete, then remove what execgate left: tool cgroups, init/, the record."""
+"""`delete`: run runc delete, then remove what execgate left: tool cgroups, init/, the record.
+`delete --force` thaws what execgate froze first, as `kill` does: runc kills the container."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from execgate.common import hints, records
 from execgate.oci import runc
 
 from .context import Context
+from .kill import thaw_ours
 
 
 def handle(ctx: Context) -> int:
     flags = ctx.inv.command_flags()
     cid = flags.positionals[0] if flags.positionals else None
     rec = records.load_container(ctx.config.state_dir, cid) if cid else None
+    if rec and flags.is_set("force"):  # runc kills it first: nothing of ours may delay that
+        thaw_ours(rec)
     rc = runc.run(ctx.runc, ctx.inv.argv)
     if rc != 0 or not rec:
         return rc

@@ -98,3 +98,28 @@ def test_preserved_fds_reach_runc_and_nothing_else_does(tmp_path: Path, command:
     assert fds.get("3") == str(a) and fds.get("4") == str(b), fds
     # Nothing of ours besides: dash keeps its own (the script, a saved stdout) at 10 and up.
     assert all(int(fd) < 5 or int(fd) >= 10 for fd in fds), fds
+
+
+@pytest.mark.parametrize(("force", "seen"), [(True, "0 0"), (False, "1 1")])
+def test_delete_force_thaws_what_execgate_froze_before_runc_kills(
+        tmp_path: Path, force: bool, seen: str) -> None:
+    """runc delete --force kills the container: a call frozen by the gate's fallback, or init/
+    frozen while idle, must not sit on the SIGKILL (a paused container's own freeze is the
+    engine's and stays)."""
+    from execgate.common import records
+
+    cg = tmp_path / "cg"
+    for leaf in ("init", "tool-0123456789ab"):
+        (cg / leaf).mkdir(parents=True)
+        (cg / leaf / "cgroup.freeze").write_text("1\n")
+    (cg / "cgroup.freeze").write_text("1\n")  # docker pause
+    records.save_container(str(tmp_path / "state"), {"id": "box", "managed": True,
+                                                     "prepared": True, "cgroup": str(cg)})
+    out = tmp_path / "seen"
+    argv, env = _runtime(tmp_path, f"cat {cg}/init/cgroup.freeze {cg}/tool-*/cgroup.freeze"
+                                   f" | tr '\\n' ' ' > {out}\nexit 1\n")
+    p = subprocess.run([*argv, "delete", *(["--force"] if force else []), "box"], env=env,
+                       timeout=20, capture_output=True, text=True)
+    assert p.returncode == 1, p.stderr  # runc's answer, passed on
+    assert out.read_text().strip() == seen
+    assert (cg / "cgroup.freeze").read_text().strip() == "1"
