@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Installs execgate on a Docker host (run as root), or removes it with --uninstall.
+# Installs execgate on a container host (run as root), or removes it with --uninstall.
 #
-#   ./install.sh [--prefix DIR] [--runtime-name NAME] [--no-docker] [--no-start]
-#                [--no-swap | --swap-size SIZE]
-#   ./install.sh --uninstall [--purge] [--prefix DIR] [--runtime-name NAME]
+#   ./install.sh [--prefix DIR] [--runtime-name NAME] [--engines LIST] [--set-as-default]
+#                [--no-docker] [--no-start] [--no-swap | --swap-size SIZE]
+#   ./install.sh --uninstall [--purge] [--prefix DIR] [--runtime-name NAME] [--engines LIST]
 #
 # Compressed swap for idle sandboxes: zram (zstd) on a host without swap, sized by --swap-size,
 # else [swap] size in config.toml, else 50% of RAM; zswap over a host's existing swap;
 # --no-swap leaves the host's swap alone. --uninstall removes exactly what install made, and a
-# "default-runtime" naming the runtime it removes. A host without Docker (no daemon.json, no
-# /etc/docker, no dockerd) is not registered with it, as with --no-docker.
+# "default-runtime" naming the runtime it removes. Engines (execgatectl configure): --engines
+# docker,containerd,crio,podman, or auto (the default): each of docker, crio and podman this host
+# has, and containerd where there is no Docker (on a Docker host containerd is Docker's backend:
+# name it for Kubernetes). Docker is reloaded; the others are told how to restart. --no-docker
+# leaves Docker out; --set-as-default makes execgate each engine's default runtime.
 # Idempotent. pip's own settings are honoured, so an offline install is
 #   PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels ./install.sh
 set -euo pipefail
@@ -18,6 +21,8 @@ src=$(cd "$(dirname "$0")" && pwd)
 prefix=/opt/execgate
 name=execgate
 docker=1
+engines=auto
+set_default=
 start=1
 uninstall=0
 purge=0
@@ -42,6 +47,9 @@ while [[ $# -gt 0 ]]; do
         --runtime-name) name=${2:?--runtime-name needs a name}; shift ;;
         --runtime-name=*) name=${1#*=} ;;
         --no-docker) docker=0 ;;
+        --engines) engines=${2:?--engines needs a list (docker,containerd,crio,podman or auto)}; shift ;;
+        --engines=*) engines=${1#*=} ;;
+        --set-as-default) set_default=--set-as-default ;;
         --no-start) start=0 ;;
         --no-swap) swap=0 ;;
         --swap-size) swap_size=${2:?--swap-size needs a size (50% or 8g)}; shift ;;
@@ -58,7 +66,44 @@ done
 
 have_systemd() { [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
 runtime_path=$bindir/execgate
-docker_json() { PYTHONPATH=$src python3 -m execgate.ctl.daemon_json "$@"; }
+# execgatectl configure (execgate/ctl/configure.py, stdlib only: runs before the package is in).
+engine_ctl() {
+    local cmd=$1 engine=$2; shift 2
+    local conf=()
+    [[ $engine == docker ]] && conf=(--config "$daemon_json")
+    if [[ $cmd == present ]]; then
+        PYTHONPATH=$src python3 -m execgate.ctl.configure present "$engine" "${conf[@]}"
+    else
+        PYTHONPATH=$src python3 -m execgate.ctl.configure "$cmd" "$engine" "${conf[@]}" \
+            --runtime-name "$name" --runtime-path "$runtime_path" "$@"
+    fi
+}
+prefixed() { sed "s/^/install.sh: /"; }
+all_engines=(docker containerd crio podman)
+if [[ $engines != auto ]]; then
+    IFS=, read -r -a listed <<<"$engines"
+    for e in "${listed[@]}"; do
+        [[ " ${all_engines[*]} " == *" $e "* ]] || die "unknown engine '$e' (docker, containerd, crio, podman)"
+    done
+fi
+# The engines to register with: the list given, or those this host has (auto); uninstall's auto
+# is every engine (taking out what is not there changes nothing).
+select_engines() {
+    local picked=() e
+    if [[ $engines != auto ]]; then
+        picked=("${listed[@]}")
+    elif [[ $uninstall == 1 ]]; then
+        picked=("${all_engines[@]}")
+    else
+        for e in "${all_engines[@]}"; do
+            [[ $e == containerd ]] && engine_ctl present docker && continue
+            engine_ctl present "$e" && picked+=("$e")
+        done
+    fi
+    for e in "${picked[@]}"; do
+        [[ $e == docker && $docker == 0 ]] || echo "$e"
+    done
+}
 # Swap setup's bookkeeping (execgate/ctl/swap.py): the plan in /var/lib/execgate/swap.json, what
 # was made this boot in /run/execgate/swap-made.json; removal undoes that and nothing else.
 swap_ctl() { PYTHONPATH=$src python3 -m execgate.ctl.swap "$@"; }
@@ -87,10 +132,13 @@ reload_docker() {
 }
 
 if [[ $uninstall == 1 ]]; then
-    if [[ $docker == 1 && -f $daemon_json ]]; then
-        docker_json remove "$daemon_json" "$name" "$runtime_path" || die "daemon.json left as it was"
-        reload_docker absent
-    fi
+    # Each engine's file as it was (a default runtime set with it goes too); none of ours: no-op.
+    for e in $(select_engines); do
+        out=$(engine_ctl unconfigure "$e") || die "$e's config left as it was"
+        [[ $out == *"nothing to change"* ]] && continue
+        prefixed <<<"$out"
+        [[ $e == docker ]] && reload_docker absent
+    done
     if have_systemd && [[ -f $unit ]]; then
         systemctl disable --now execgated.service >/dev/null 2>&1 || true
         rm -f "$unit"
@@ -124,14 +172,15 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python >= 
 python3 -c 'import venv, ensurepip' 2>/dev/null || die "python3-venv is required (apt-get install python3-venv)"
 # No Docker here (no daemon.json, no /etc/docker, no dockerd): nothing to register with, and a
 # daemon.json written now would surprise a later Docker install.
-if [[ $docker == 1 ]] && ! docker_json present "$daemon_json"; then
+if [[ $docker == 1 && $engines == auto ]] && ! engine_ctl present docker; then
     say "no Docker found (no $daemon_json, no dockerd): not registering with Docker; install Docker, then run install.sh again"
-    docker=0
 fi
-# Refuse before changing anything when daemon.json cannot be merged.
-if [[ $docker == 1 ]]; then
-    docker_json check "$daemon_json" || die "not registering with Docker; nothing was changed"
-fi
+selected=$(select_engines | tr '\n' ' ')
+# Refuse before changing anything when an engine's config cannot be merged.
+for e in $selected; do
+    engine_ctl configure "$e" $set_default --dry-run >/dev/null \
+        || die "not registering with $e; nothing was changed"
+done
 
 # The venv sees system site-packages so Debian's python3-bpfcc (not on PyPI) is importable.
 if [[ ! -x $prefix/bin/python ]]; then
@@ -224,8 +273,13 @@ else
     say "no systemd: start $bindir/execgated yourself"
 fi
 
-if [[ $docker == 1 ]]; then
-    docker_json add "$daemon_json" "$name" "$runtime_path"
-    reload_docker present
-    say "use it with: docker run --runtime $name ..."
-fi
+for e in $selected; do
+    out=$(engine_ctl configure "$e" $set_default) || die "registering with $e failed"
+    prefixed <<<"$out"
+    case $e in
+        docker) reload_docker present; say "use it with: docker run --runtime $name ..." ;;
+        podman) say "use it with: podman run --runtime $name ..." ;;
+        *) say "$e: a Kubernetes RuntimeClass with handler '$name' (packaging/k8s/) picks it" ;;
+    esac
+done
+[[ -n $selected ]] || say "no container engine registered (--engines to choose)"

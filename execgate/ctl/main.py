@@ -10,6 +10,7 @@ from typing import Any
 from execgate.common import config as config_mod
 from execgate.common import records
 
+from . import configure
 from . import model as model_cmd
 
 
@@ -221,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         "check", help="every error and warning at its line; exit 1 on an error")
     p_check.add_argument("path", nargs="?", help="default: --config, else "
                          "/etc/execgate/config.toml")
+    configure.add_parsers(sub)
     args = parser.parse_args(argv)
+    if args.cmd in ("configure", "unconfigure"):
+        return configure.run(args)
     if args.cmd == "config":
         from . import config_check
 
