@@ -30,7 +30,7 @@ from bench.metrics import RETRY_LIMIT
 from bench.schemes import bench_config
 from bench.sim import policy_rev
 from bench.sim import schemes as sim_schemes
-from bench.sim.cost import CostModel, fit_results, fixed, load_results
+from bench.sim.cost import CostModel, fit_pooled, fit_results, fixed, load_results
 from bench.sim.memory import MemoryConfig
 from bench.sim.run import SimSettings, simulate
 from bench.sim.validate import cost_lines, summary, table, tasks_of, validate
@@ -83,8 +83,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cost(spec: str) -> tuple[CostModel, dict[str, CostModel]]:
-    """hw (a hardware host: run 1 s, exec 0.05 s, rm 0.5 s), none, fixed:RUN,EXEC,RM, or a
-    results file to fit (the VM's TCG costs: minutes per docker run beyond a few sandboxes)."""
+    """hw (a hardware host: run 1 s, exec 0.05 s, rm 0.5 s), none, fixed:RUN,EXEC,RM, or
+    results files to fit, comma-separated (the VM's TCG costs: minutes per docker run beyond a
+    few sandboxes; several files: one fit over all their runs)."""
     if spec == "hw":
         return fixed(1.0, 0.05, 0.5), {}
     if spec == "none":
@@ -92,8 +93,10 @@ def _cost(spec: str) -> tuple[CostModel, dict[str, CostModel]]:
     if spec.startswith("fixed:"):
         a, b, c = (float(x) for x in spec.removeprefix("fixed:").split(","))
         return fixed(a, b, c), {}
-    results = load_results(spec)
-    costs = fit_results(results, {t.id: t for t in tasks_of(results)})
+    paths = [x for x in spec.split(",") if x]
+    files = [(r, {t.id: t for t in tasks_of(r)}) for r in map(load_results, paths)]
+    costs = (fit_results(*files[0]) if len(files) == 1
+             else fit_pooled(files, f"{len(files)} VM results files'"))
     return costs["runc"], costs
 
 

@@ -218,23 +218,39 @@ def fit_results(results: Mapping[str, Any], tasks: Mapping[str, Task]) -> dict[s
     cost seconds) is runc's shape plus one constant per operation, the mean of its own
     measurements' residuals against runc's fit (its runs are too few for a shape of their own;
     exec from its 1x run only, the one in which no call waited)."""
-    runc_obs = observations(results, tasks, "runc")
+    return fit_pooled([(results, tasks)], "the VM sweep's")
+
+
+def fit_pooled(files: Sequence[tuple[Mapping[str, Any], Mapping[str, Task]]],
+               what: str = "") -> dict[str, CostModel]:
+    """fit_results over the runs of several results files at once (each with its own tasks):
+    one model for several VM boots."""
+    what = what or f"{len(files)} results files'"
+
+    def obs(rt: str) -> dict[str, list[tuple[int, float]]]:
+        out: dict[str, list[tuple[int, float]]] = {op: [] for op in OPS}
+        for results, tasks in files:
+            for op, pts in observations(results, tasks, rt).items():
+                out[op] += pts
+        return out
+
+    runc_obs = obs("runc")
     base = {op: fit(runc_obs[op]) for op in OPS}
     models = {"runc": CostModel(base["run"], base["exec"], base["rm"],
-                                source="fitted to the VM sweep's runc runs")}
-    for rt in sorted({_runtime(r) for r in results["runs"]} - {"runc"}):
-        obs = observations(results, tasks, rt)
+                                source=f"fitted to {what} runc runs")}
+    for rt in sorted({_runtime(r) for results, _ in files for r in results["runs"]} - {"runc"}):
+        rt_obs = obs(rt)
         fits = {}
         for op in OPS:
             f = base[op]
-            res = [y - f(n) for n, y in obs[op]]
+            res = [y - f(n) for n, y in rt_obs[op]]
             if not res:
                 fits[op] = f
                 continue
             d = sum(res) / len(res)
             rmse = math.sqrt(sum((r - d) ** 2 for r in res) / len(res))
             fits[op] = replace(f.shifted(d), n_points=len(res), rmse=rmse,
-                               mean_y=sum(y for _, y in obs[op]) / len(res))
+                               mean_y=sum(y for _, y in rt_obs[op]) / len(res))
         models[rt] = CostModel(fits["run"], fits["exec"], fits["rm"],
                                source=f"runc's fit + a constant per operation from {rt}'s runs")
     return models

@@ -66,6 +66,11 @@ try:  # and the time to peak it learns from finished calls
     from execgate.policy.headroom import time_to_peak
 except ImportError:  # pragma: no cover - depends on the revision
     time_to_peak = None  # type: ignore[assignment]
+try:  # swap room counted as available until the domain thrashes (b05fd4f)
+    from execgate.policy.swap_credit import SwapCredit, swap_room
+except ImportError:  # pragma: no cover - depends on the revision
+    SwapCredit = None  # type: ignore[assignment,misc]
+    swap_room = None  # type: ignore[assignment]
 
 # What the revision's policy takes (--policy-rev runs older ones): the action boundary and
 # reclaimable bytes in residency's views, the room asked of plan, the idle room of a step.
@@ -75,6 +80,10 @@ _STEP_ROOM = "idle_room" in inspect.signature(Admission.step).parameters
 _LIVE_COLD = _sa is not None and "cold_bytes" in {f.name for f in dataclasses.fields(LiveSandbox)}
 _SNAP_SWAP = _sa is not None and "swap_free_bytes" in {
     f.name for f in dataclasses.fields(_sa.DomainSnapshot)}
+_ASSESS = inspect.signature(assess_pressure).parameters
+_PSI = "psi_some_avg10" in _ASSESS
+_CREDIT = "swap_credit" in _ASSESS and SwapCredit is not None
+_VICTIM_SWAP = "swap_free" in inspect.signature(GrowthController.last_resort_victim).parameters
 
 
 def settings_from_config(cfg: Mapping[str, Any]) -> tuple[daemon_settings.Settings, list[str]]:
@@ -114,6 +123,9 @@ class HandStats:
     freezes: int = 0
     states: dict[str, float] = field(default_factory=lambda: {"green": 0.0, "yellow": 0.0,
                                                               "red": 0.0})
+    swap_credit_s: float = 0.0  # time some swap room counted as available (swap_credit.py)
+    swap_credit_max: int = 0
+    thrashing_s: float = 0.0  # time the credit was off for the domain's refaults
 
 
 class ExecgateHands:
@@ -175,6 +187,11 @@ class ExecgateHands:
         self.idle_room = (IdleRoom(headroom, self.res, clock)  # type: ignore[arg-type]
                           if IdleRoom is not None and headroom is not None and _STEP_ROOM
                           else None)
+        # engine.py: the swap room counted while refaults stay low; `reading` (admission and
+        # the gate) has it, `physical` (residency) does not
+        self.swap_credit = SwapCredit(headroom) if _CREDIT and headroom is not None else None
+        self.credit = 0
+        self.physical: PressureReading | None = None
 
     def _mark(self, box_id: str) -> None:
         """What the views show of a sandbox changed here (a call queued or gone, frozen, ...)."""
@@ -318,12 +335,33 @@ class ExecgateHands:
 
     # -- the control period --------------------------------------------------------------------
 
-    def _assess(self) -> PressureReading:
-        usage = {cid: int(c.charge) for cid, c in self.running.items()}
+    def _assess(self, credit: int = 0) -> PressureReading:
+        """engine._assess: growth still predicted from the most a call has held at a sample
+        (its current memory drops as its pages go to swap), the PSI, the swap credit."""
+        usage = {cid: int(c.shown_peak if _CREDIT else c.charge)
+                 for cid, c in self.running.items()}
         available = int(self.domain.budget - self.domain.usage())
+        kw: dict[str, Any] = {"psi_some_avg10": self.domain.psi_some_avg10} if _PSI else {}
+        if credit:
+            kw["swap_credit"] = credit
         return assess_pressure(self.settings.pressure, available, self.domain.budget,
                                predicted_growth=self.admission.predicted_growth(usage),
-                               undeclared_growth=self.admission.predicted_growth(usage, True))
+                               undeclared_growth=self.admission.predicted_growth(usage, True),
+                               **kw)
+
+    def swap_free(self) -> int:
+        """The domain's SwapFree within swap.max (0 without swap)."""
+        return int(min(self.res.swap_room(), 1 << 62))
+
+    def _swap_credit(self, physical: PressureReading, offer: int) -> int:
+        """engine._swap_credit: the swap room that counts as available now, less what the
+        idle room offers from the same swap."""
+        if self.swap_credit is None or swap_room is None:
+            return 0
+        free = self.swap_free()
+        kept = self.res.swap_kept() if free else 0.0
+        return self.swap_credit.credit(self.clock(), swap_room(free, kept,
+                                                               physical.safety_margin), offer)
 
     def _touch(self, box_id: str) -> None:
         """A call starts or ends in the sandbox (idle_sandboxes.Residency.touch)."""
@@ -335,11 +373,14 @@ class ExecgateHands:
     def step(self) -> list[Decision]:
         """engine._step: admission with the idle room, then what it borrowed asked of
         residency."""
-        self.reading = self._assess()
+        self.physical = self._assess()
+        offer = self.idle_room.offer(bool(self.waiting)) if self.idle_room is not None else 0
+        self.credit = self._swap_credit(self.physical, offer)
+        self.reading = self._assess(self.credit) if self.credit else self.physical
         if self.idle_room is None:
             decisions = self.admission.step(self.reading)
         else:
-            decisions = self.admission.step(self.reading, self.idle_room.offer(bool(self.waiting)))
+            decisions = self.admission.step(self.reading, offer)
             first = self.admission.first_in_line
             self.idle_room.settle(self.admission.borrowed_bytes,
                                   first.deficit_bytes if first else 0)
@@ -354,10 +395,17 @@ class ExecgateHands:
         """One period: admission, the growth gate, residency. Returns the admissions and the
         calls the last resort kills."""
         now = self.clock()
+        if self.swap_credit is not None:  # engine._sample_domain: the period's refaults
+            self.swap_credit.observe(now, int(self.domain.refault_bytes), self.domain.budget)
         decisions = self.step()
-        reading = self.reading
-        assert reading is not None
-        self.stats.states[str(reading.state)] += dt
+        reading, physical = self.reading, self.physical
+        assert reading is not None and physical is not None
+        self.stats.states[str(physical.state)] += dt
+        if self.credit:
+            self.stats.swap_credit_s += dt
+            self.stats.swap_credit_max = max(self.stats.swap_credit_max, self.credit)
+        if self.swap_credit is not None and self.swap_credit.thrashing(now):
+            self.stats.thrashing_s += dt
         kills: list[str] = []
         if self.running:
             samples = []
@@ -367,11 +415,13 @@ class ExecgateHands:
                 rise = self.rise.setdefault(cid, [])
                 if c.charge > (rise[-1][1] if rise else 0) * 1.05 and len(rise) < 256:
                     rise.append((now, int(c.charge)))
-                samples.append(Sample(cid, int(c.charge), self.cpu[cid],
+                # growth_gate.update: memory.current + memory.swap.current
+                samples.append(Sample(cid, int(c.charge + c.swapped), self.cpu[cid],
                                       self.calls[cid].declared_bytes, c.started))
             available = int(self.domain.budget - self.domain.usage())
             pressure = reading.gate_state if self.gate_on else Pressure.GREEN
-            gd = self.growth.update(samples, pressure, available, self.domain.budget)
+            gd = self.growth.update(samples, pressure, available + self.credit,
+                                    self.domain.budget)
             for cid, allow in gd.allow.items():
                 call = self.running[cid]
                 if call.held and allow:
@@ -380,21 +430,24 @@ class ExecgateHands:
                     call.held = True
                     self.stats.held_calls.add(cid)
             if self.gate_on:
-                victim = self.growth.last_resort_victim(samples, available)
+                kw = {"swap_free": self.swap_free()} if _VICTIM_SWAP else {}
+                victim = self.growth.last_resort_victim(samples, available, **kw)
                 if victim is not None:
                     kills.append(victim.call_id)
                     self.stats.last_resort_kills += 1
         else:  # the AIMD slot budget follows pressure even with nothing running
             self.growth.update([], reading.gate_state if self.gate_on else Pressure.GREEN,
-                               int(self.domain.budget - self.domain.usage()), self.domain.budget)
-        if reading.state == Pressure.GREEN:
+                               int(self.domain.budget - self.domain.usage()) + self.credit,
+                               self.domain.budget)
+        # residency acts on what is resident (engine._step_residency: no credit)
+        if physical.state == Pressure.GREEN:
             self.green_since = min(self.green_since, now)
         else:
             self.green_since = now
-        if now >= self.next_residency and (reading.state != Pressure.GREEN or self.frozen
+        if now >= self.next_residency and (physical.state != Pressure.GREEN or self.frozen
                                            or self.res.room_wanted()):
             self.next_residency = now + self.residency_period_s
-            self._residency(reading, now)
+            self._residency(physical, now)
         return decisions, kills
 
     def _residency(self, reading: PressureReading, now: float) -> None:

@@ -78,6 +78,9 @@ class MemoryConfig:
     # growing calls (direct reclaim: the allocator waits for its pages to leave) while swappable
     # memory is left, instead of OOM-killing; False: the kill, as before.
     direct_reclaim: bool = True
+    # The share of a hot call's proportional part of reclaim that the LRU spares while cold
+    # pages are left (1: all of it, a strict LRU; 0: none, as if its pages were cold).
+    hot_protection: float = 1.0
 
     def __post_init__(self) -> None:
         if self.swap_ratio < 1 or self.swap_bandwidth_bps <= 0:
@@ -86,6 +89,8 @@ class MemoryConfig:
             raise ValueError("swap_in_bandwidth_bps must be > 0")
         if not 0 <= self.cache_fraction <= 1:
             raise ValueError("cache_fraction must be in [0, 1]")
+        if not 0 <= self.hot_protection <= 1:
+            raise ValueError("hot_protection must be in [0, 1]")
 
     @property
     def swap_in_bps(self) -> float:
@@ -259,7 +264,7 @@ class Domain:
         total = swapped = 0.0
         for c in self.running.values():
             c.advance(now)
-            if c.hot and not c.held:
+            if c.hot and not c.held and c.owed <= 0:  # its pass over its pages ended
                 c.touched = now
             c.charge = c.level - c.swapped * fpb
             c.shown_peak = max(c.shown_peak, c.charge)
@@ -411,29 +416,50 @@ class Domain:
         domain's memory.max does: it walks every memcg under the limit (mm/vmscan.c
         shrink_node_memcgs) and each gives in proportion to its size, its oldest pages first;
         the multi-gen LRU skips a memcg low on cold pages while others have them, so pages
-        read every tick (hot calls) go only once nothing cold is left, if `hot`. Returns
-        (freed, moved)."""
+        read every tick (hot calls) go only once nothing cold is left (`hot`), or, with
+        `hot_protection` below 1, also take that much less than their proportional share
+        while cold pages are left. Returns (freed, moved)."""
         fpb = self._freed_per_byte()
-        freed = 0.0
-        for young in (False, True) if hot else (False,):
-            want = min(cap - freed / fpb, (over - freed) / fpb, self._room())
-            if want <= SLACK:
+        want = min(cap, over / fpb, self._room())
+        if want <= SLACK:
+            return 0.0, 0.0
+        cold = self._units(False)
+        warm = self._units(True) if hot else []
+        c_size = sum(size for size, _ in cold)
+        h_size = sum(size for size, _ in warm) * (1.0 - self.config.hot_protection)
+        h_want = want * h_size / (c_size + h_size) if h_size > 0 else 0.0
+        freed = self._take(cold, c_size, want - h_want)
+        # Hot calls by when they last read all their pages: one stuck waiting for swap-in has
+        # not (its pages age, it loses them first), so thrash piles on the calls already
+        # behind and the others go on, rather than every call stalling at once.
+        by_age: dict[float, list[tuple[float, list[SimBox | SimCall]]]] = {}
+        for unit in warm:
+            by_age.setdefault(unit[1][0].touched, []).append(unit)  # type: ignore[union-attr]
+        for _, units in sorted(by_age.items()):
+            left = want - freed / fpb
+            if left <= SLACK:
                 break
-            units = self._units(young)
-            total = sum(size for size, _ in units)
-            if total <= 0:
-                continue
-            share = min(want / total, 1.0)
-            for size, sources in units:
-                left = size * share
-                for src in sources:
-                    if left <= 0:
-                        break
-                    got = (self._swap_out(src, math.ceil(left)) if isinstance(src, SimBox)
-                           else self._swap_out_call(src, left))
-                    left -= got / fpb
-                    freed += got
+            freed += self._take(units, sum(size for size, _ in units), left)
         return freed, freed / fpb
+
+    def _take(self, units: list[tuple[float, list[SimBox | SimCall]]], total: float,
+              want: float) -> float:
+        """`want` bytes from the units in proportion to their sizes; returns the bytes freed."""
+        if want <= SLACK or total <= 0:
+            return 0.0
+        fpb = self._freed_per_byte()
+        share = min(want / total, 1.0)
+        freed = 0.0
+        for size, sources in units:
+            left = size * share
+            for src in sources:
+                if left <= 0:
+                    break
+                got = (self._swap_out(src, math.ceil(left)) if isinstance(src, SimBox)
+                       else self._swap_out_call(src, left))
+                left -= got / fpb
+                freed += got
+        return freed
 
     def step_reclaim(self, dt: float) -> None:
         """memory.reclaim requests in flight progress at the swap bandwidth (page cache first)."""

@@ -68,7 +68,8 @@ def _yellow_with_an_ended_sandbox(tables: dict[str, dict[str, Any]] | None = Non
     assert busy.level > 0
     clock.t += 0.5
     hands.tick(0.1)
-    assert hands.reading is not None and hands.reading.state == Pressure.YELLOW, hands.reading
+    # residency acts on what is resident (engine: `physical`, without the swap credit)
+    assert hands.physical is not None and hands.physical.state == Pressure.YELLOW, hands.physical
     return hands, domain
 
 
@@ -87,7 +88,10 @@ def test_without_the_action_boundary_it_waits_out_idle_after() -> None:
 def _idle_room_case(tables: dict[str, dict[str, Any]] | None = None, zram: bool = True
                     ) -> tuple[ExecgateHands, Domain, Clock, list[Any]]:
     """A 200 MiB sandbox idle since its call ended, a call running in C; a call in B declaring
-    250 MiB, more than the free headroom, less than it plus what A can push out in time."""
+    250 MiB, more than the free headroom, less than it plus what A can push out in time.
+    Swap room not counted as memory (the swap credit would admit B on its own)."""
+    tables = {**(tables or {})}
+    tables["headroom"] = {"count_swap": False, **tables.get("headroom", {})}
     hands, domain, clock = _hands(tables, zram=zram)
     a, b = _box(domain, "A", 200, clock), _box(domain, "B", 20, clock)
     c = _box(domain, "C", 20, clock)
@@ -160,3 +164,24 @@ def test_zram_copies_are_not_charged_to_the_domain() -> None:
         domain.reclaim("idle", 60 * MiB)
         domain.step_reclaim(10.0)
         assert domain.usage() == charged
+
+
+def test_swap_room_counts_as_available_until_the_domain_refaults() -> None:
+    """engine._step's swap credit: the hands' reading counts the domain's swap room while
+    anonymous refaults stay low (and residency's physical reading does not); refaults above
+    thrash_refault_fraction of the budget per second turn it off."""
+    hands, _, clock = _hands()
+    domain = Domain(BUDGET, MemoryConfig(swap=True, zram=True, swap_max_bytes=200 * MiB))
+    hands = ExecgateHands(hands.settings, domain, clock)
+    box = _box(domain, "A", 100, clock)
+    _run_call(hands, domain, box, "A/1", 250, clock)
+    hands.tick(0.1)
+    assert hands.reading is not None and hands.physical is not None
+    assert hands.credit > 100 * MiB
+    assert hands.reading.headroom == hands.physical.headroom + hands.credit
+    for _ in range(30):  # 8 MiB/s of refaults: 2 % of 400 MiB is 8 MiB/s
+        clock.t += 0.1
+        domain.refault_bytes += 2 * MiB
+        hands.tick(0.1)
+    assert hands.credit == 0 and hands.reading.headroom == hands.physical.headroom
+    assert hands.summary()["thrashing_s"] > 0

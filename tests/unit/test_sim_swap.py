@@ -168,3 +168,40 @@ def test_hot_calls_in_a_simulation_refault_and_finish_later() -> None:
     assert res[True]["refault_bytes"] > 0 and res[True]["stall_s"] > res[False]["stall_s"]
     assert res[True]["tasks_completed"] == 3
     assert res[True]["makespan_s"] > res[False]["makespan_s"] + 1.0
+
+
+def test_a_hot_call_stuck_on_swap_in_loses_its_pages_before_one_that_runs() -> None:
+    """Once nothing cold is left, the hot call that last read all its pages longest ago (one
+    still waiting for swap-in) gives first: thrash piles on the calls already behind."""
+    domain = _domain(100, in_mib_s=1)
+    a, b = SimBox("a", 0), SimBox("b", 0)
+    domain.add_box(a)
+    domain.add_box(b)
+    flat = MemoryProfile(40 * MiB, 40 * MiB, "plateau", 0.0, 0.0, 0)
+    stuck = _call(domain, a, hot=True, profile=flat)
+    runs = _call(domain, b, hot=True, profile=flat)
+    t = _run(domain, 1)
+    stuck.swapped, domain.call_swapped = 10 * MiB, 10 * MiB  # 10 s of swap-in at 1 MiB/s
+    runs.profile = MemoryProfile(80 * MiB, 80 * MiB, "plateau", 0.0, 0.0, 0)  # 10 MiB over
+    domain.advance(t + 0.1, 0.1)
+    assert stuck.owed > 0 and stuck.touched < runs.touched
+    assert not domain.enforce(t + 0.1, 0.1)
+    assert stuck.swapped > 10 * MiB and runs.swapped == 0
+
+
+def test_hot_protection_zero_takes_hot_pages_beside_cold_ones() -> None:
+    """hot_protection < 1: a hot call gives part of its proportional share even while cold
+    pages are left (1, the default: only once none is)."""
+    for protection, hot_gives in ((1.0, False), (0.0, True)):
+        cfg = MemoryConfig(swap=True, zram=True, swap_bandwidth_bps=1024 * MiB,
+                           hot_protection=protection)
+        domain = Domain(100 * MiB, cfg, call_cgroups=True)
+        idle = SimBox("idle", 50 * MiB)
+        busy = SimBox("busy", 0)
+        domain.add_box(idle)
+        domain.add_box(busy)
+        call = _call(domain, busy, hot=True)  # 130 of 100
+        _run(domain, 1)
+        assert (call.swapped > 0) is hot_gives and idle.swapped > 0
+    with pytest.raises(ValueError):
+        MemoryConfig(hot_protection=1.5)
