@@ -178,7 +178,9 @@ def plan(o: Options, undo: bool) -> Plan:
                             "migrate it with `containerd config migrate`")
     directory, needs_import = _drop_in_dir(main, doc)
     ours = os.path.join(directory, DROP_IN)
-    p.edits.append(Edit(ours, _drop_in(main, doc, version, ours, o), owned=True))
+    # A version-2 drop-in copies the CRI section (registry credentials too): config.toml's mode.
+    mode = os.stat(main).st_mode & 0o777 if text is not None and version < 3 else 0o644
+    p.edits.append(Edit(ours, _drop_in(main, doc, version, ours, o), owned=True, mode=mode))
     if needs_import:
         new = _with_import(text, directory, version)
         parse(main, new)

@@ -43,6 +43,7 @@ class Edit:
     path: str
     text: str | None  # the file's new content; None: no file
     owned: bool       # a drop-in written whole, else a file merged into
+    mode: int = 0o644  # a new file's (an existing one keeps its own)
 
 
 @dataclass
@@ -150,7 +151,7 @@ def resolve(plan: Plan) -> list[Change]:
     return out
 
 
-def _write(path: str, text: str) -> None:
+def _write(path: str, text: str, mode: int = 0o644) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.execgate-tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -158,7 +159,7 @@ def _write(path: str, text: str) -> None:
     if os.path.exists(path):
         shutil.copymode(path, tmp)
     else:
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
     os.rename(tmp, path)
 
 
@@ -193,11 +194,11 @@ def apply(plan: Plan, dry_run: bool = False) -> list[str]:
             elif orig.get("written") != _sha(now):
                 orig = {}  # edited since execgate wrote it: unconfigure takes out only ours
             orig["written"] = _sha(new)
-            _write(_orig_path(e.path), json.dumps(orig))
+            _write(_orig_path(e.path), json.dumps(orig), 0o600)  # may hold credentials
         if new is None:
             os.unlink(e.path)
         else:
-            _write(e.path, new)
+            _write(e.path, new, e.mode)
         if not e.owned and plan.undo:
             _unlink(_orig_path(e.path))
         what = "restored as it was" if c.restored else "removed" if new is None else "wrote"

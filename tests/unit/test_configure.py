@@ -212,3 +212,15 @@ def test_execgatectl_wires_both_commands(tmp_path: Path) -> None:
     tomllib.loads(CONTAINERD_17), tomllib.loads(CONTAINERD_2)])
 def test_toml_writer_reads_back(doc: dict[str, object]) -> None:
     assert tomllib.loads(configure_toml.dump(doc)) == doc
+
+
+def test_copies_of_a_private_config_stay_private(tmp_path: Path) -> None:
+    """containerd's config may hold registry credentials: the 1.x drop-in (which copies its CRI
+    section) and the kept original are as private as config.toml."""
+    main = tmp_path / "config.toml"
+    main.write_text(CONTAINERD_17)
+    main.chmod(0o600)
+    assert _ctl("configure", "containerd", main) == 0
+    assert (tmp_path / "conf.d" / "99-execgate.toml").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "config.toml.execgate-orig.json").stat().st_mode & 0o777 == 0o600
+    assert main.stat().st_mode & 0o777 == 0o600
