@@ -71,6 +71,11 @@ class Actuator(Protocol):
     def unload(self, timeout: float = 10.0) -> bool: ...
 
 
+# How long the calls of a container being stopped are never held: docker stop's grace (10 s),
+# then its SIGKILL, with room for a slow engine.
+SPARE_S = 30.0
+
+
 @dataclass
 class Tracked:
     cgroup: str
@@ -101,6 +106,7 @@ class GrowthGate:
         self.last: Any = None
         self.tool_oom_score_adj = tool_oom_score_adj
         self.proc = oom_score.PROC  # /proc (a temp dir in tests)
+        self.spared: dict[str, float] = {}  # call id -> until when it is never held (spare())
 
     # -- actuator lifecycle ----------------------------------------------------------------------
 
@@ -188,10 +194,13 @@ class GrowthGate:
         """calls: call id -> LiveCall (cgroup, last_mem, info, admitted_at) of running calls;
         mem_available and budget: the domain's (see GrowthController.update); swap_free: the
         swap it can still use (None: unknown, taken as none), for the last resort."""
-        self._health(self.clock())
+        now = self.clock()
+        self._health(now)
+        self.spared = {cid: until for cid, until in self.spared.items()
+                       if until > now and cid in calls}
         samples = []
         for cid, call in calls.items():
-            if not call.seen:
+            if not call.seen or cid in self.spared:
                 continue
             cpu = self.files.read_key(call.cgroup, "cpu.stat", "usage_usec")
             if cpu is None:
@@ -285,6 +294,28 @@ class GrowthGate:
             self.killed[victim.call_id] = victim
         except OSError as e:
             log.warning("kill %s: %s", victim.call_id, e)
+
+    def spare(self, call_ids: list[str], for_s: float = SPARE_S) -> int:
+        """Release these calls now and hold none of them for for_s: their container is being
+        stopped (`kill`), and a held task gets no CPU to handle the signal until the hold cap.
+        How many were held."""
+        until = self.clock() + for_s
+        released = 0
+        for cid in call_ids:
+            self.spared[cid] = until
+            t = self.tracked.get(cid)
+            if t is None or t.allowed or self.actuator is None:
+                continue
+            try:
+                self.actuator.set(t.cgroup, True)
+            except Exception as e:  # noqa: BLE001 - a vanished cgroup
+                log.warning("gate allow %s: %s", cid, e)
+                continue
+            t.allowed = True
+            self._oom(t, True)
+            released += 1
+            log.info("gate allow %s: its container is being stopped", cid)
+        return released
 
     def _forget(self, cid: str) -> None:
         t = self.tracked.pop(cid, None)

@@ -147,7 +147,7 @@ class Daemon:
         self.metrics = Metrics(engine, self.reloader)  # served when [metrics] listen is set
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
-                         "start_sandbox": self.op_start_sandbox}
+                         "start_sandbox": self.op_start_sandbox, "release": self.op_release}
 
     def refuse_peer(self, pid: int, cgroup_of: Callable[[int], str] = v2.path_of_pid
                     ) -> str | None:
@@ -262,6 +262,15 @@ class Daemon:
         if not isinstance(call_id, str):
             return protocol.reply(False, error="done needs a string 'call'")
         return protocol.reply(True, **self.engine.done(call_id))
+
+    async def op_release(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any]:
+        """The runtime is about to signal a container to stop (`kill`): its calls are released
+        and not held for a while, so they handle the signal now, not at the hold cap."""
+        cid = msg.get("container")
+        if not isinstance(cid, str):
+            return protocol.reply(False, error="release needs a string 'container'")
+        calls = [k for k, c in self.engine.calls.items() if c.container == cid]
+        return protocol.reply(True, calls=len(calls), released=self.engine.growth.spare(calls))
 
     async def op_events(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         q = self.engine.events.subscribe()

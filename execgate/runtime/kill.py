@@ -3,10 +3,13 @@
 A tool call frozen by the growth gate, or an idle sandbox's init frozen under pressure, would
 sit on a SIGTERM until thawed; the engine expects the container to react to it. (docker pause
 freezes the container's cgroup, not the tool cgroups' or init's own cgroup.freeze, so paused
-containers stay paused.)
+containers stay paused.) A signal that stops the container also has the daemon release the
+calls its growth gate holds: a held task runs only once the hold cap lets it.
 """
 
 from __future__ import annotations
+
+import os
 
 from execgate.cgroups import container, v2
 from execgate.common import records
@@ -24,7 +27,32 @@ def handle(ctx: Context) -> list[str]:
         if flags.positionals else None
     if rec:
         thaw_ours(rec)
+        if rec.get("managed") and _ends(flags.positionals[1:2]):
+            _release(ctx, flags.positionals[0])
     return ctx.inv.argv
+
+
+# The signals an engine stops a container with (runc kill's default is SIGTERM).
+ENDING = ("TERM", "INT", "QUIT", "KILL", "15", "2", "3", "9")
+
+
+def _ends(signal: list[str]) -> bool:
+    return (signal[0] if signal else "TERM").upper().removeprefix("SIG") in ENDING
+
+
+def _release(ctx: Context, cid: str) -> None:
+    """Ask the daemon to release the container's held calls and hold them no more: a task the
+    growth gate parks gets no CPU to handle the signal until the hold cap (20 s). Within the
+    daemon budget, and fail open: a dead daemon's gate is unloaded, holding nothing."""
+    if not os.path.exists(ctx.config.socket):
+        return
+    from execgate.common import protocol
+
+    try:
+        protocol.call(ctx.config.socket, protocol.request("release", container=cid),
+                      timeout=ctx.config.daemon_timeout_ms / 1000)
+    except (OSError, protocol.ProtocolError) as e:
+        ctx.log.warning(f"kill {cid}: the daemon did not release its calls: {e}")
 
 
 def thaw_ours(rec: dict[str, Any]) -> None:
