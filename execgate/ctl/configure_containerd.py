@@ -33,6 +33,7 @@ from .configure_files import (
     InvalidConfig,
     Options,
     Plan,
+    is_owned,
     on_host,
     owned_header,
     read,
@@ -40,7 +41,7 @@ from .configure_files import (
 from .configure_files import parse_toml as parse
 
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
-DROP_IN = "99-execgate.toml"
+DROP_IN = "99-{name}.toml"  # in the imported directory
 CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 SHIM = "io.containerd.runc.v2"
 RESTART = ("restart it: systemctl restart containerd (running containers keep running: their "
@@ -168,16 +169,19 @@ def plan(o: Options, undo: bool) -> Plan:
     if undo:
         dirs = [i[:-len("/*.toml")] for i in _imports(main, doc) if i.endswith("/*.toml")]
         for d in dirs or [os.path.join(os.path.dirname(os.path.abspath(main)), "conf.d")]:
-            p.edits.append(Edit(os.path.join(d, DROP_IN), None, owned=True))
-        if text is not None and ADDED_MARK in text:
-            p.edits.append(Edit(main, _without_import(text), owned=False))
+            p.edits.append(Edit(os.path.join(d, DROP_IN.format(name=o.name)), None, owned=True))
+        others = [f for d in dirs for f in glob.glob(os.path.join(d, "*.toml"))
+                  if f != os.path.join(d, DROP_IN.format(name=o.name)) and is_owned(read(f))]
+        if text is not None and ADDED_MARK in text and not others:  # another name's still needs it
+            p.edits.append(Edit(main, _without_import(text), owned=False,
+                                meaning=lambda t: parse(main, t)))
         return p
     version = doc.get("version", 1) if text is not None else installed_version()
     if version not in CRI:
         raise InvalidConfig(f"{main}: config version {version!r} (version 2 and 3 are known); "
                             "migrate it with `containerd config migrate`")
     directory, needs_import = _drop_in_dir(main, doc)
-    ours = os.path.join(directory, DROP_IN)
+    ours = os.path.join(directory, DROP_IN.format(name=o.name))
     # A version-2 drop-in copies the CRI section (registry credentials too): config.toml's mode.
     mode = os.stat(main).st_mode & 0o777 if text is not None and version < 3 else 0o644
     p.edits.append(Edit(ours, _drop_in(main, doc, version, ours, o), owned=True, mode=mode))

@@ -18,7 +18,7 @@ from typing import Any
 from . import configure_toml
 from .configure_files import Options, Plan, drop_in_plan, on_host, owned_header, parse_toml, read
 
-DEFAULT_CONFIG = "/etc/crio/crio.conf.d/99-execgate.conf"
+DEFAULT_DIR = "/etc/crio/crio.conf.d"  # the drop-in: 99-NAME.conf there
 RESTART = ("restart it: systemctl restart crio (running containers keep running: conmon holds "
            "them)")
 
@@ -50,9 +50,9 @@ def _content(o: Options, path: str) -> str:
 
 
 def plan(o: Options, undo: bool) -> Plan:
-    path = o.config or DEFAULT_CONFIG
+    path = o.config or os.path.join(DEFAULT_DIR, f"99-{o.name}.conf")
     return drop_in_plan("crio", RESTART, path, undo, lambda: _content(o, path))
 
 
 def present(config: str | None = None) -> bool:
-    return on_host(main_config(config or DEFAULT_CONFIG), "crio")
+    return on_host(main_config(config or os.path.join(DEFAULT_DIR, "99-execgate.conf")), "crio")

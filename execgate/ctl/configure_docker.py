@@ -69,6 +69,12 @@ def remove_runtime(data: dict[str, Any], name: str, path: str) -> bool:
     return True
 
 
+def others(data: dict[str, Any], name: str, path: str) -> dict[str, Any]:
+    """The runtimes besides ours (`name` at `path`): what an exact restore must leave be."""
+    return {k: v for k, v in (data.get("runtimes") or {}).items()
+            if not (k == name and isinstance(v, dict) and v.get("path") == path)}
+
+
 def present(config: str | None = None, search: str | None = None) -> bool:
     """Whether this host has Docker to register with: its daemon.json or the directory it goes
     in, or a dockerd on the PATH (`search`, default $PATH and the sbin directories)."""
@@ -93,5 +99,6 @@ def plan(o: Options, undo: bool) -> Plan:
             changed = True
         if changed:
             text = dump(data)
-    p.edits.append(Edit(path, text, owned=False))
+    p.edits.append(Edit(path, text, owned=False,
+                        meaning=lambda t: others(parse(path, t), o.name, o.path)))
     return p

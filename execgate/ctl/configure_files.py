@@ -44,6 +44,9 @@ class Edit:
     text: str | None  # the file's new content; None: no file
     owned: bool       # a drop-in written whole, else a file merged into
     mode: int = 0o644  # a new file's (an existing one keeps its own)
+    # What a merged file means (its parse): the original comes back whole only when it means
+    # what taking out only ours leaves (another runtime registered since must stay).
+    meaning: Callable[[str | None], object] | None = None
 
 
 @dataclass
@@ -145,7 +148,9 @@ def resolve(plan: Plan) -> list[Change]:
             orig = _load_orig(e.path)
             if orig is not None and "existed" in orig and orig.get("written") == _sha(now):
                 text = orig.get("text") if orig.get("existed") else None
-                new, restored = (text if isinstance(text, str) else None), True
+                text = text if isinstance(text, str) else None
+                if e.meaning is None or e.meaning(text) == e.meaning(new):
+                    new, restored = text, True
         if new != now:
             out.append(Change(e, now, new, restored))
     return out

@@ -24,7 +24,7 @@ from typing import Any
 from .configure_crio import check_toml, drop_in, main_config
 from .configure_files import Options, Plan, drop_in_plan, on_host
 
-DEFAULT_CONFIG = "/etc/containers/containers.conf.d/99-execgate.conf"
+DEFAULT_DIR = "/etc/containers/containers.conf.d"  # the drop-in: 99-NAME.conf there
 SHARED_CONFIG = "/usr/share/containers/containers.conf"
 PODMAN4_JSON = ["crun", "runc", "kata", "runsc", "krun"]  # containers-common 0.5x's default
 RESTART = ("nothing to restart: each podman command reads containers.conf (podman run "
@@ -65,9 +65,10 @@ def _content(o: Options, path: str, major: int | None) -> str:
 
 
 def plan(o: Options, undo: bool, major: int | None = None) -> Plan:
-    path = o.config or DEFAULT_CONFIG
+    path = o.config or os.path.join(DEFAULT_DIR, f"99-{o.name}.conf")
     return drop_in_plan("podman", RESTART, path, undo, lambda: _content(o, path, major))
 
 
 def present(config: str | None = None) -> bool:
-    return on_host(main_config(config or DEFAULT_CONFIG), "podman")
+    return on_host(main_config(config or os.path.join(DEFAULT_DIR, "99-execgate.conf")),
+                   "podman")

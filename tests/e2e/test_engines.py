@@ -210,3 +210,35 @@ def test_podman_run_exec_rm_through_containers_conf(podman_configured: None, roo
         with open(CONFIG, "w") as f:
             f.write(config)
         _run("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+
+
+def test_docker_restarts_after_unconfigure_when_execgate_was_its_default() -> None:
+    """--set-as-default makes execgate Docker's default runtime; unconfigure takes the default
+    with the runtime (Docker refuses a default-runtime it does not define) and puts daemon.json
+    back byte for byte: Docker restarts on it, with runc as its default again."""
+    with open(DAEMON_JSON, "rb") as f:
+        before = f.read()
+    try:
+        out = _run("execgatectl", "configure", "docker", "--set-as-default").stdout
+        assert "systemctl reload docker" in out, out
+        _run("systemctl", "reload", "docker")
+        wait_for(lambda: docker("info", "--format", "{{.DefaultRuntime}}", check=False)
+                 .stdout.strip() == b"execgate", timeout=60, what="execgate as the default")
+        _run("execgatectl", "unconfigure", "docker", "--runtime-path", "/nowhere")
+        with open(DAEMON_JSON, "rb") as f:
+            assert b"default-runtime" in f.read(), "another path's entry is not ours to take"
+    finally:
+        # As install.sh --uninstall does: the runtime install.sh registered stays until then.
+        _run("execgatectl", "unconfigure", "docker")
+        _run("execgatectl", "configure", "docker")
+    with open(DAEMON_JSON, "rb") as f:
+        after = f.read()
+    assert b"default-runtime" not in after
+    _run("systemctl", "restart", "docker", timeout=300)
+    wait_for(lambda: docker("info", check=False).returncode == 0, timeout=120,
+             what="Docker to start again")
+    assert docker("info", "--format", "{{.DefaultRuntime}}").stdout.strip() == b"runc"
+    assert after == before, "daemon.json as install.sh left it"

@@ -3,6 +3,7 @@ files as they were, invalid input is refused untouched, a dry run writes nothing
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -109,8 +110,8 @@ def test_invalid_input_is_refused_untouched(tmp_path: Path, engine: str,
 def test_someone_elses_drop_in_is_refused(tmp_path: Path, engine: str) -> None:
     target, existing, text = CASES[engine]
     (tmp_path / existing).write_text(text)
-    ours = tmp_path / (f"conf.d/{configure_containerd.DROP_IN}" if engine == "containerd"
-                       else target)
+    drop_in = "conf.d/" + configure_containerd.DROP_IN.format(name="execgate")
+    ours = tmp_path / (drop_in if engine == "containerd" else target)
     ours.parent.mkdir(parents=True, exist_ok=True)
     ours.write_text("# mine\n")
     assert _ctl("configure", engine, tmp_path / target) == 3
@@ -224,3 +225,29 @@ def test_copies_of_a_private_config_stay_private(tmp_path: Path) -> None:
     assert (tmp_path / "conf.d" / "99-execgate.toml").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "config.toml.execgate-orig.json").stat().st_mode & 0o777 == 0o600
     assert main.stat().st_mode & 0o777 == 0o600
+
+
+def test_unconfigure_takes_out_only_the_runtime_it_names(tmp_path: Path) -> None:
+    """The original comes back whole only when it means what removing ours leaves: a second
+    registration (another name) stays, and a path that is not ours takes nothing out."""
+    d = tmp_path / "daemon.json"
+    d.write_text("{}")
+    assert _ctl("configure", "docker", d, "--set-as-default") == 0
+    configured = d.read_text()
+    assert _ctl("unconfigure", "docker", d, "--runtime-path", "/nowhere") == 0
+    assert d.read_text() == configured
+    assert _ctl("configure", "docker", d, "--runtime-name", "eg2") == 0
+    assert _ctl("unconfigure", "docker", d) == 0
+    assert json.loads(d.read_text()) == {"runtimes": {"eg2": {"path": "/usr/local/bin/execgate"}}}
+
+
+def test_containerd_keeps_its_import_while_another_name_needs_it(tmp_path: Path) -> None:
+    main = tmp_path / "config.toml"
+    main.write_text(CONTAINERD_17)
+    assert _ctl("configure", "containerd", main) == 0
+    assert _ctl("configure", "containerd", main, "--runtime-name", "eg2") == 0
+    assert (tmp_path / "conf.d" / "99-eg2.toml").exists()
+    assert _ctl("unconfigure", "containerd", main) == 0
+    assert "imports" in tomllib.loads(main.read_text()), "99-eg2.toml is still imported"
+    assert _ctl("unconfigure", "containerd", main, "--runtime-name", "eg2") == 0
+    assert main.read_text() == CONTAINERD_17
