@@ -28,7 +28,7 @@ from execgate.common.config import Config
 from execgate.policy.admission import Admission, Decision
 from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
 from execgate.policy.headroom import time_to_peak
-from execgate.policy.pressure import PressureReading, assess_pressure
+from execgate.policy.pressure import PressureReading, assess_pressure, effective_margin
 from execgate.policy.swap_credit import SwapCredit, swap_room
 
 from .cgfiles import KeptFiles
@@ -148,8 +148,7 @@ class Engine:
         self.swap_credit = SwapCredit(settings.headroom)
         self.credit = 0  # of this step's swap room, the bytes counted as available
         self._kept = (float("-inf"), 0.0)  # (when read, zswap's kept share)
-        self.reading: PressureReading | None = None  # for admission and the gate: with credit
-        self.physical: PressureReading | None = None  # for residency: without
+        self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
         self.sampled_at = float("-inf")
         self.wake = asyncio.Event()  # a request for the control loop: tick now
@@ -302,8 +301,8 @@ class Engine:
                                self.sample.swap_free)
 
     def _step_residency(self) -> None:
-        if self.physical is not None:  # what is resident: push idle sandboxes out early
-            self.residency.step(self.physical, self._busy, self.admission.queued_bytes)
+        if self.reading is not None:
+            self.residency.step(self.reading, self._busy, self.admission.queued_bytes)
 
     def _stage_failed(self, name: str) -> None:
         n = self.loop.stage_errors[name] = self.loop.stage_errors.get(name, 0) + 1
@@ -360,10 +359,9 @@ class Engine:
                                psi_some_avg10=s.psi_some_avg10, swap_credit=credit)
 
     def _step(self) -> None:
-        self.physical = self._assess()
         offer = self.idle_room.offer(bool(self.pending))
-        self.credit = self._swap_credit(self.physical, offer)
-        self.reading = self._assess(self.credit) if self.credit else self.physical
+        self.credit = self._swap_credit(offer)
+        self.reading = self._assess(self.credit)
         decisions = self.admission.step(self.reading, offer)
         first = self.admission.first_in_line
         self.idle_room.settle(self.admission.borrowed_bytes, first.deficit_bytes if first else 0)
@@ -383,17 +381,19 @@ class Engine:
                                 charge=decision.charge_bytes,
                                 reason=decision.reason, state=str(self.reading.state))
 
-    def _swap_credit(self, physical: PressureReading, offer: int) -> int:
+    def _swap_credit(self, offer: int) -> int:
         """The domain's swap room that counts as available now (policy/swap_credit.py), less
         what the idle room offers from the same swap."""
         s = self.sample
-        free = s.swap_free if s is not None else None
+        if s is None:
+            return 0
+        free = s.swap_free
         now = self.clock()
         if free and now - self._kept[0] >= 1.0:  # zswap's share, read once a second
             self._kept = (now, self.residency.swap_kept())
         kept = self._kept[1] if free else 0.0
-        return self.swap_credit.credit(now, swap_room(free, kept, physical.safety_margin),
-                                       offer)
+        margin = effective_margin(self.settings.pressure, s.budget)
+        return self.swap_credit.credit(now, swap_room(free, kept, margin), offer)
 
     def _sample_calls(self) -> None:
         now = self.clock()
