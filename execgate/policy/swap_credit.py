@@ -8,8 +8,9 @@ But swap is room only for memory nobody touches: pages of a working set come str
 (a *refault*), and a domain that refaults is thrashing, however much swap is free.
 
 So the domain's swap room (what its free swap can still take, less zswap's compressed copy)
-counts as available memory — for call admission and the growth gate, never for residency,
-which should still push idle sandboxes out before the kernel has to — as long as the domain's
+counts as available memory — for call admission, the growth gate and residency alike: pushing
+idle sandboxes out by resident memory alone, ahead of the kernel, compressed 400-500 MiB in a
+VM run where the kernel, swapping what calls needed, moved 260-350 — as long as the domain's
 anonymous refaults (memory.stat `workingset_refault_anon`) stay below
 `thrash_refault_fraction` of its budget per second, and for `thrash_hold_s` after they last
 rose above it (a working set in swap shows itself only after the calls that own it were let
