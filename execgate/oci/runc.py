@@ -128,6 +128,9 @@ def exit_as(status: int) -> None:
         os._exit(status)
     import signal
 
-    signal.signal(-status, signal.SIG_DFL)
+    try:
+        signal.signal(-status, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL, SIGSTOP: default already, and cannot be set
+        pass
     os.kill(os.getpid(), -status)
     os._exit(128 - status)  # a signal that does not kill by default (SIGCHLD, SIGCONT...)

@@ -70,6 +70,12 @@ def test_a_runc_killed_by_a_signal_leaves_us_killed_by_it(tmp_path: Path) -> Non
             proc.kill()
 
 
+def test_a_runc_killed_outright_leaves_us_killed_as_well(tmp_path: Path) -> None:
+    argv, env = _runtime(tmp_path, "kill -KILL $$\n")  # SIGKILL: no handler may be set
+    p = subprocess.run([*argv, "start", "box"], env=env, timeout=20)
+    assert p.returncode == -signal.SIGKILL
+
+
 @pytest.mark.parametrize(("command", "code"), [("exec", 255), ("state", 1), ("start", 1)])
 def test_a_runc_level_error_exits_as_runcs_does(tmp_path: Path, command: str, code: int) -> None:
     argv, env = _runtime(tmp_path, "exit 0\n")
