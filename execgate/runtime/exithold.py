@@ -30,13 +30,20 @@ _DEAD = (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED)
 _libc: ctypes.CDLL | None = None
 
 
-def _ptrace(request: int, pid: int, data: int = 0) -> None:
+def prepare() -> ctypes.CDLL:
+    """Load libc's ptrace now, while runc is still starting the call: done at the seize, this
+    (with importing ctypes) took long enough on a loaded host for a call OOM-killed in under a
+    second to be gone before it was traced (its note then lost to the terminal's teardown)."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
         _libc.ptrace.restype = ctypes.c_long
-    if _libc.ptrace(request, pid, None, ctypes.c_void_p(data)) == -1:
+    return _libc
+
+
+def _ptrace(request: int, pid: int, data: int = 0) -> None:
+    if prepare().ptrace(request, pid, None, ctypes.c_void_p(data)) == -1:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 

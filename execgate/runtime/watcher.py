@@ -39,6 +39,9 @@ _PIDFD_INFO = struct.Struct("=QQ11Ii")
 _PIDFD_INFO_CGROUPID = 1 << 2
 _PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11  # _IOWR(0xFF, 11, 64 bytes)
+# Until it has traced a held call, the watcher runs ahead of the host's other work: a call
+# OOM-killed within a second must not end while the watcher waits for a CPU.
+HOLD_NICE = -10
 
 
 def spawn(call: ToolCall, pid_file: str | None, journal: str, log: RuncLog,
@@ -71,6 +74,11 @@ def spawn(call: ToolCall, pid_file: str | None, journal: str, log: RuncLog,
             keep.add(proxy.fileno())
         _detach(keep=keep)
         if proxy is not None:
+            if _holds(call, proxy):  # ready to trace before the call can start, and quick
+                from . import exithold
+
+                exithold.prepare()
+                _set_nice(HOLD_NICE)
             stderr = proxy.relay(runtime_pidfd)
             log.debug(f"call {call.call}: terminal relayed, "
                       f"{'keeping its peer' if stderr is not None else 'no peer (no feedback)'}")
@@ -85,6 +93,18 @@ def spawn(call: ToolCall, pid_file: str | None, journal: str, log: RuncLog,
         log.warning(f"call {call.call}: watcher failed: {type(e).__name__}: {e}")
     finally:
         os._exit(0)
+
+
+def _holds(call: ToolCall, stderr: object) -> bool:
+    """Whether this TTY call's exit is held until its note is written (runtime/exithold.py)."""
+    return bool(call.tty and call.hold_exit is not False and stderr is not None)
+
+
+def _set_nice(value: int) -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, value)
+    except OSError:
+        pass  # unprivileged (rootless): the default priority serves
 
 
 def _detach(keep: set[int]) -> None:
@@ -256,9 +276,11 @@ def _exit_status(pidfd: int | None, cgroup_id: int | None) -> int | None:
 def watch(call: ToolCall, runtime_pidfd: int, pid_file: str | None, journal: str,
           log: RuncLog, stderr: int | None = None) -> None:
     cg = call.cgroup
-    hold = bool(call.tty and call.hold_exit is not False and stderr is not None)
+    hold = _holds(call, stderr)
     # Once runc has exited the call is placed, or never will be.
     pidfds, traced = _wait_runtime(runtime_pidfd, cg, int(call.oom_score_adj or 0), hold)
+    if hold:
+        _set_nice(0)  # caught (or missed): from here on the watcher is nobody's hurry
     os.close(runtime_pidfd)
     pid, exec_pidfd = _exec_pidfd(pid_file, pidfds, traced)
     if traced is not None:
