@@ -314,6 +314,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--sandbox-period", type=float, default=0.1)
     r.add_argument("--out")
     r.add_argument("--name", default="replay", help="NAME.md and NAME.json in --out")
+    r.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "
+                   "(the one a VM run ran)")
     r.add_argument("replay_args", nargs=argparse.REMAINDER,
                    help="after --: bench.replay sweep's arguments")
     r.set_defaults(func=cmd_replay)

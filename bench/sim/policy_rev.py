@@ -66,14 +66,22 @@ def rerun(rev: str, argv: Sequence[str]) -> int:
     first on sys.path, ahead of PYTHONPATH, so from the repository root the working tree's
     execgate would win. Relative paths in argv are made absolute first."""
     cwd = os.getcwd()
-    args = [str(Path(cwd, a)) if not a.startswith("-") and Path(cwd, a).exists() else a
-            for a in argv]
+    args = [str(Path(cwd, a)) if _is_path(cwd, a) else a for a in argv]
     with tempfile.TemporaryDirectory(prefix="egsim-") as tmp:
         extract(rev, Path(tmp))
         (Path(tmp) / "bench").symlink_to(REPO / "bench")
         env = dict(os.environ, PYTHONPATH=tmp, **{ENV: rev})
         return subprocess.run([sys.executable, "-m", "bench.sim", *args], env=env, cwd=tmp,
                               check=False).returncode
+
+
+def _is_path(cwd: str, arg: str) -> bool:
+    """A path to make absolute: an existing file, or an existing path with a directory part
+    (a bare word that names a directory here, such as the scheme `execgate`, is not one)."""
+    if arg.startswith("-"):
+        return False
+    p = Path(cwd, arg)
+    return p.is_file() or (os.sep in arg and p.exists())
 
 
 def check() -> None:
