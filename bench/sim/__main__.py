@@ -130,7 +130,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cost, by_rt = _cost(args.cost)
     mem = MemoryConfig(swap=args.swap, swap_ratio=args.swap_ratio,
                        swap_bandwidth_bps=args.swap_bandwidth_mib * MiB,
-                       swap_in_bandwidth_bps=_swap_in(args), zram=args.zram)
+                       swap_in_bandwidth_bps=_swap_in(args), zram=args.zram,
+                       hot_protection=args.hot_protection)
     settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
                            retry_limit=RETRY_LIMIT, immediate_steps=args.immediate,
                            sandbox_period_s=args.sandbox_period, hot_calls=args.hot_calls)
@@ -217,6 +218,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         mem = MemoryConfig(swap=p.swap, swap_ratio=max(rargs.fill_ratio, 1.0),
                            swap_bandwidth_bps=args.swap_bandwidth_mib * MiB,
                            swap_in_bandwidth_bps=_swap_in(args),
+                           hot_protection=args.hot_protection,
                            swap_max_bytes=parse_size(rargs.zram_size) if p.swap else None,
                            zram=True)  # the bench's swap is a zram device
         settings = SimSettings(cost=cost, cost_by_runtime=by_rt, memory=mem, tick_s=args.tick,
@@ -291,6 +293,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="swap-in speed (default: 5.4x swap-out, the VM's ratio)")
     s.add_argument("--hot-calls", action="store_true",
                    help="calls read every page they hold each tick (bench --hot-calls)")
+    s.add_argument("--hot-protection", type=float, default=1.0,
+                   help="share of a hot call's proportional part of reclaim the LRU spares "
+                        "while cold pages are left (default 1: hot pages go last)")
     s.add_argument("--tick", type=float, default=0.25,
                    help="control period, s (the daemon's is 0.1; 0.25 keeps 1,000 sandboxes "
                         "under a minute)")
@@ -310,6 +315,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--swap-in-bandwidth-mib", type=float, default=None,
                    help="swap-in speed (default: 5.4x swap-out, the VM's ratio); hot calls "
                         "come from the bench's own --hot-calls")
+    r.add_argument("--hot-protection", type=float, default=1.0,
+                   help="share of a hot call's proportional part of reclaim the LRU spares "
+                        "while cold pages are left (default 1: hot pages go last)")
     r.add_argument("--tick", type=float, default=0.1)
     r.add_argument("--sandbox-period", type=float, default=0.1)
     r.add_argument("--out")
