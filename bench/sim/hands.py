@@ -418,10 +418,10 @@ class ExecgateHands:
                 # growth_gate.update: memory.current + memory.swap.current
                 samples.append(Sample(cid, int(c.charge + c.swapped), self.cpu[cid],
                                       self.calls[cid].declared_bytes, c.started))
-            available = int(self.domain.budget - self.domain.usage())
+            # growth_gate.update gets available + the credit, for the gate and the last resort
+            available = int(self.domain.budget - self.domain.usage()) + self.credit
             pressure = reading.gate_state if self.gate_on else Pressure.GREEN
-            gd = self.growth.update(samples, pressure, available + self.credit,
-                                    self.domain.budget)
+            gd = self.growth.update(samples, pressure, available, self.domain.budget)
             for cid, allow in gd.allow.items():
                 call = self.running[cid]
                 if call.held and allow:
