@@ -441,3 +441,24 @@ def test_a_program_that_grew_is_placed_at_its_exec_next_time(containers: Contain
     finally:
         systemctl("restart", "execgated")  # what it learned stays with this test
         wait_for(daemon_up, what="execgated")
+
+
+def test_feedback_goes_only_where_the_call_could_write_and_hints_come_back_inert(
+        containers: Containers) -> None:
+    """A call whose stderr is a file it opened read-only gets nothing appended (the daemon used
+    to reopen /proc/PID/fd/2 for writing, as root); one on a pipe gets the note, with the
+    hint's shell metacharacters escaped (issue 21, item 1)."""
+    script = ("sleep 3; echo orig > /tmp/ro; "
+              "AGENT_RESOURCE_HINT=memory:lots sh -c 'sleep 2; true' 2</tmp/ro; "
+              "out=$(AGENT_RESOURCE_HINT=\"';touch\\${IFS}x;#'\" sh -c 'sleep 2; true' 2>&1); "
+              "echo \"$out\" > /tmp/note; echo ok > /tmp/done; exec sleep 1000")
+    cid = agent(containers, script)
+    wait_for(lambda: read_in(cid, "/tmp/done"), timeout=180, what="the agent's children")
+    assert read_in(cid, "/tmp/ro") == "orig\n"
+    note = read_in(cid, "/tmp/note") or ""
+    assert "[execgate] Ignored AGENT_RESOURCE_HINT='\\x27\\x3btouch\\x24" in note, note
+    assert ";touch" not in note and "${IFS}" not in note, note
+    assert not exists_in(cid, "/x")
+    entries = wait_for(lambda: len(inside_entries(cid)) >= 3 and inside_entries(cid),
+                       timeout=60, what="journal entries")
+    assert [e["argv"][:2] for e in entries].count(["sh", "-c"]) == 2, entries

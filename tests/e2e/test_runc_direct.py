@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -11,7 +12,20 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import CGROOT, IMAGE, STATE_DIR, ctl_status, docker, journal_entries, wait_for
+from conftest import (
+    CGROOT,
+    IMAGE,
+    STATE_DIR,
+    Containers,
+    ctl_status,
+    docker,
+    init_pid,
+    journal_entries,
+    journal_for,
+    memory_domain,
+    tool_cgroups,
+    wait_for,
+)
 
 EXECGATE = "/usr/local/bin/execgate"
 PARENT = "execgate-direct"
@@ -21,7 +35,8 @@ WORKERS = int(os.environ.get("EXECGATE_LEAK_WORKERS", "2"))
 
 def rt(root: str, *args: str, check: bool = True, env: dict[str, str] | None = None,
        timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    if "create" in args:  # the container inherits create's stdio: pipes would never close
+    # The container (or a detached exec) inherits our stdio: pipes would never close.
+    if "create" in args or "--detach" in args:
         p = subprocess.run([EXECGATE, "--root", root, *args], stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                            timeout=timeout)
@@ -202,3 +217,176 @@ def test_own_diagnostics_go_to_runc_log_in_runc_format(tmp_path: object) -> None
     assert ours and ours[0]["level"] == "warning" and "no_such_key" in ours[0]["msg"]
     assert set(ours[0]) == {"level", "msg", "time"}
     assert any(not entry["msg"].startswith("execgate: ") for entry in lines), "runc's own line"
+
+
+# -- runc's own behaviours, through execgate (issue 21, item 11) -------------------------------
+
+
+def _started(root: str, bundle: str, tmp: str, cid: str, args: list[str] | None = None) -> str:
+    """cid created and started from a bundle of its own (args: its process's); the bundle."""
+    own = _own_bundle(bundle, tmp, cid)
+    if args:
+        path = os.path.join(own, "config.json")
+        with open(path) as f:
+            spec = json.load(f)
+        spec["process"]["args"] = args
+        with open(path, "w") as f:
+            json.dump(spec, f)
+    rt(root, "create", "--bundle", own, "--pid-file", os.path.join(own, "pid"), cid)
+    rt(root, "start", cid)
+    return own
+
+
+def _gone(root: str, cid: str) -> None:
+    rt(root, "delete", "--force", cid, check=False)
+
+
+def _populated(cg: str) -> bool:
+    try:
+        with open(os.path.join(cg, "cgroup.events")) as f:
+            return "populated 1" in f.read()
+    except OSError:
+        return False
+
+
+def test_delete_force_of_a_paused_container_with_a_running_call(bundle: str,
+                                                                tmp_path: object) -> None:
+    """runc's suite deletes a paused container with --force; execgate's init/ and a tool call
+    still running in its own cgroup must not make that fail or leave anything behind."""
+    root, tmp, cid = str(tmp_path) + "/root", str(tmp_path), "force-paused"
+    own = _started(root, bundle, tmp, cid)
+    cg = os.path.join(CGROOT, PARENT, cid)
+    try:
+        proc = _process_json(own, ["sleep", "600"])
+        rt(root, "exec", "--detach", "--process", proc, "--pid-file",
+           os.path.join(own, "exec.pid"), cid)
+        wait_for(lambda: any(_populated(os.path.join(cg, t)) for t in tool_cgroups(cg)),
+                 what="the call to run in its tool cgroup")
+        rt(root, "pause", cid)
+        assert json.loads(rt(root, "state", cid).stdout)["status"] == "paused"
+        p = rt(root, "delete", "--force", cid, check=False)
+        assert p.returncode == 0, p.stderr
+    finally:
+        _gone(root, cid)
+    wait_for(lambda: not os.path.exists(cg), what="the container's cgroup to be removed")
+    assert rt(root, "state", cid, check=False).returncode != 0
+    assert not os.path.exists(os.path.join(STATE_DIR, "containers", cid + ".json"))
+    entry = wait_for(lambda: [e for e in journal_for(cid) if e.get("argv") == ["sleep", "600"]],
+                     timeout=60, what="the killed call's journal entry")[0]
+    assert entry.get("exit_code") != 0, entry
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not [line for line in ps.splitlines() if cid in line and "execgate" in line]
+
+
+def test_preserved_fds_reach_the_container_through_create_and_exec(bundle: str,
+                                                                   tmp_path: object) -> None:
+    """--preserve-fds N hands fds 3..3+N-1 to the process: create runs runc as execgate's
+    child, exec becomes runc; neither may lose or shift them."""
+    root, tmp, cid = str(tmp_path) + "/root", str(tmp_path), "preserve-fds"
+    secret = os.path.join(tmp, "fd3")
+    with open(secret, "w") as f:
+        f.write("preserved\n")
+    own = _own_bundle(bundle, tmp, cid)
+    path = os.path.join(own, "config.json")
+    with open(path) as f:
+        spec = json.load(f)
+    spec["process"]["args"] = ["sh", "-c", "cat <&3 > /tmp/fd3.init; exec sleep inf"]
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    with_fd3 = ["sh", "-c", 'exec 3<"$1"; shift; exec "$@"', "sh", secret, EXECGATE,
+                "--root", root]
+    try:
+        subprocess.run([*with_fd3, "create", "--preserve-fds", "1", "--bundle", own,
+                        "--pid-file", os.path.join(own, "pid"), cid], check=True, timeout=60,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        rt(root, "start", cid)
+        with open(os.path.join(own, "pid")) as f:
+            init = int(f.read())
+        seen = wait_for(lambda: _read(f"/proc/{init}/root/tmp/fd3.init"),
+                        what="init's copy of fd 3")
+        assert seen == "preserved\n"
+        proc = _process_json(own, ["sh", "-c", "cat <&3"])
+        p = subprocess.run([*with_fd3, "exec", "--preserve-fds", "1", "--process", proc, cid],
+                           capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == b"preserved\n"
+    finally:
+        _gone(root, cid)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read() or None
+    except OSError:
+        return None
+
+
+def test_exec_errors_exit_255_as_runcs_do(tmp_path: object) -> None:
+    """runc exec exits 255 when runc itself fails (the command's own status otherwise), so
+    an engine can tell the two apart; execgate's own runc-level errors do the same."""
+    root, tmp = str(tmp_path) + "/root", str(tmp_path)
+    proc = _process_json(tmp, ["true"])
+    p = rt(root, "exec", "--process", proc, "no-such-container", check=False)
+    assert p.returncode == 255, p.stderr  # runc's
+    p = rt(root, "exec", "--process", proc, "no-such-container", check=False,
+           env=dict(os.environ, EXECGATE_WRAPPED="1"))
+    assert p.returncode == 255 and b"called by itself" in p.stderr, p.stderr  # execgate's
+    p = rt(root, "state", "no-such-container", check=False,
+           env=dict(os.environ, EXECGATE_WRAPPED="1"))
+    assert p.returncode == 1, p.stderr
+
+
+def _runtime_root(cid: str) -> str:
+    """The --root the engine runs execgate with for this container (its state dir's parent)."""
+    found = glob.glob(f"/run/docker/runtime-*/moby/{cid}") + \
+        glob.glob(f"/run/containerd/runc/moby/{cid}")
+    assert found, f"no runtime state for {cid}"
+    return os.path.dirname(found[0])
+
+
+def _uptime() -> float:
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0])
+
+
+def test_kill_releases_a_call_the_gate_holds(containers: Containers) -> None:
+    """`kill` of a container whose call the sched_ext gate holds: the call is let go at once
+    and not held again while its container stops, so a process that handles SIGTERM does so
+    now, not at the hold cap (issue 21, item 10). Its shell traps TERM; the kill is runc's
+    `kill --all`, as an engine sends it, through execgate."""
+    from test_growth_gate import NO_ADMISSION, RAMP
+
+    slice_name = "egkill.slice"
+    domain = os.path.join(CGROOT, slice_name)
+    with memory_domain(containers, slice_name, 512 << 20, 3,
+                       'gate = "sched_ext"\n' + NO_ADMISSION) as cids, \
+            ThreadPoolExecutor(3) as pool:
+        script = ("trap 'cat /proc/uptime > /tmp/termed; exit 143' TERM; "
+                  f"{' '.join(RAMP)} --start-at {time.time() + 15:.3f} >/dev/null 2>&1 & "
+                  "wait; wait")
+        execs = [pool.submit(docker, "exec", c, "sh", "-c", script, check=False, timeout=600)
+                 for c in cids]
+        held = wait_for(lambda: ctl_status()["daemon"]["growth"]["held"], timeout=180,
+                        interval=0.05, what="a held call")
+        call = held[0]
+        (tool,) = glob.glob(os.path.join(domain, "*", call))
+        cid = next(c for c in cids if c in os.path.dirname(tool))
+        t0 = _uptime()
+        rt(_runtime_root(cid), "kill", "--all", cid, "TERM")
+        asked_s = _uptime() - t0
+        termed = wait_for(lambda: _read(f"/proc/{init_pid(cid)}/root/tmp/termed"),
+                          timeout=60, interval=0.05, what="the call's TERM trap")
+        trap_s = float(termed.split()[0]) - t0
+        still = []
+        for _ in range(20):  # the call is never held again while its container stops
+            if call in ctl_status()["daemon"]["growth"]["held"]:
+                still.append(call)
+            time.sleep(0.1)
+        print(f"kill --all answered in {asked_s:.2f} s; the held call's trap ran "
+              f"{trap_s:.2f} s after it (hold cap 20 s)")
+        for f in execs:
+            f.result(timeout=600)
+    assert not still, "held again after its container was killed"
+    assert trap_s < 10, trap_s  # well inside the hold cap: released, not capped
