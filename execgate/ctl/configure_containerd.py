@@ -134,10 +134,18 @@ def _drop_in(main: str, doc: dict[str, Any], version: int, ours: str, o: Options
     plugin = CRI[version]
     section = _cri_section(_sources(main, doc, ours), plugin, version)
     entry = _entry(section, o)
+    # A CRI section that defines runtimes replaces containerd's built-in map (runc in it) when
+    # decoded: a default runc the files leave to that map is written out, as it was.
+    defined = section.get("containerd") or {}
+    keep_runc = (defined.get("default_runtime_name") or "runc") == "runc" and \
+        "runc" not in (defined.get("runtimes") or {})
     if version >= 3:
         section = {}
     ctd = section.setdefault("containerd", {})
-    ctd.setdefault("runtimes", {})[o.name] = entry
+    runtimes = ctd.setdefault("runtimes", {})
+    if keep_runc:
+        runtimes["runc"] = {"runtime_type": SHIM}
+    runtimes[o.name] = entry
     if o.set_as_default:
         ctd["default_runtime_name"] = o.name
     why = ("containerd 1.x replaces a plugin's whole section with an import's: this file\n"

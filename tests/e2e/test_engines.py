@@ -50,9 +50,10 @@ def _restart_containerd() -> None:
 
 
 @pytest.fixture(scope="module")
-def rootfs(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The test image's files, for `ctr run --rootfs` and `podman run --rootfs`."""
-    root = str(tmp_path_factory.mktemp("engines") / "rootfs")
+def rootfs() -> Iterator[str]:
+    """The test image's files, for `ctr run --rootfs` and `podman run --rootfs` (not under /tmp,
+    which an engine's unit may keep private)."""
+    root = f"/var/lib/execgate-e2e-rootfs-{os.getpid()}"
     os.mkdir(root)
     cid = docker("create", IMAGE, "true").stdout.decode().strip()
     try:
@@ -61,7 +62,9 @@ def rootfs(tmp_path_factory: pytest.TempPathFactory) -> str:
         assert export.wait() == 0
     finally:
         docker("rm", cid)
-    return root
+    assert os.path.exists(os.path.join(root, "bin", "sleep")), os.listdir(root)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -109,17 +112,21 @@ def test_ctr_run_exec_kill_delete_through_the_runc_shim(containerd_configured: s
                                                         rootfs: str) -> None:
     cid = f"eg-ctr-{os.getpid()}"
     try:
-        ctr("run", "-d", "--runc-binary", EXECGATE, "--rootfs", rootfs, cid, "sleep", "inf")
+        p = ctr("run", "-d", "--runc-binary", EXECGATE, "--rootfs", rootfs, cid, "/bin/sleep",
+                "inf", check=False)
+        if p.returncode != 0:  # what ctr made of it, for the failure's message
+            spec = ctr("containers", "info", cid, check=False).stdout
+            raise AssertionError(f"ctr run -> {p.returncode}: {p.stderr}\n{spec[-3000:]}")
         pid = _task_pid(cid)
         wait_for(lambda: _cgroup(pid).endswith("/init"), timeout=60,
                  what="execgate's start to put init into the container's init/")
         box = os.path.dirname(_cgroup(pid))
         assert box.endswith(cid), box  # ctr's cgroupfs path: /<namespace>/<id>
 
-        out = ctr("task", "exec", "--exec-id", "call1", cid, "cat", "/proc/self/cgroup").stdout
+        out = ctr("task", "exec", "--exec-id", "call1", cid, "/bin/cat", "/proc/self/cgroup").stdout
         call_cg = out.strip().split("::", 1)[1]
         assert os.path.basename(call_cg).startswith("tool-"), out
-        wait_for(lambda: any(e.get("argv") == ["cat", "/proc/self/cgroup"]
+        wait_for(lambda: any(e.get("argv") == ["/bin/cat", "/proc/self/cgroup"]
                              for e in journal_for(cid)), timeout=60,
                  what="the call's outcome in the journal")
 

@@ -251,3 +251,17 @@ def test_containerd_keeps_its_import_while_another_name_needs_it(tmp_path: Path)
     assert "imports" in tomllib.loads(main.read_text()), "99-eg2.toml is still imported"
     assert _ctl("unconfigure", "containerd", main, "--runtime-name", "eg2") == 0
     assert main.read_text() == CONTAINERD_17
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_containerd_keeps_the_builtin_runc_a_config_leaves_out(tmp_path: Path,
+                                                               version: int) -> None:
+    """containerd decodes a CRI section that defines runtimes into a fresh map: without runc in
+    it, the default runtime is gone (the VM's containerd 1.7 showed it in `config dump`)."""
+    main = tmp_path / "config.toml"
+    main.write_text(f"version = {version}\n")
+    assert _ctl("configure", "containerd", main) == 0
+    doc = tomllib.loads((tmp_path / "conf.d" / "99-execgate.toml").read_text())
+    runtimes = doc["plugins"][configure_containerd.CRI[version]]["containerd"]["runtimes"]
+    assert runtimes["runc"] == {"runtime_type": "io.containerd.runc.v2"}
+    assert runtimes["execgate"]["options"] == {"BinaryName": "/usr/local/bin/execgate"}
