@@ -187,8 +187,9 @@ class ExecgateHands:
         self.idle_room = (IdleRoom(headroom, self.res, clock)  # type: ignore[arg-type]
                           if IdleRoom is not None and headroom is not None and _STEP_ROOM
                           else None)
-        # engine.py: the swap room counted while refaults stay low; `reading` (admission and
-        # the gate) has it, `physical` (residency) does not
+        # engine.py: the swap room counted while refaults stay low; `reading` (admission, the
+        # gate and residency, as in the engine) has it, `physical` (kept for the summary and
+        # the tests) does not
         self.swap_credit = SwapCredit(headroom) if _CREDIT and headroom is not None else None
         self.credit = 0
         self.physical: PressureReading | None = None
@@ -439,15 +440,16 @@ class ExecgateHands:
             self.growth.update([], reading.gate_state if self.gate_on else Pressure.GREEN,
                                int(self.domain.budget - self.domain.usage()) + self.credit,
                                self.domain.budget)
-        # residency acts on what is resident (engine._step_residency: no credit)
-        if physical.state == Pressure.GREEN:
+        # residency on the same reading (engine._step_residency, aa0537a: by resident memory
+        # alone it pushed out 400-500 MiB in a VM run where the kernel swapped what calls needed)
+        if reading.state == Pressure.GREEN:
             self.green_since = min(self.green_since, now)
         else:
             self.green_since = now
-        if now >= self.next_residency and (physical.state != Pressure.GREEN or self.frozen
+        if now >= self.next_residency and (reading.state != Pressure.GREEN or self.frozen
                                            or self.res.room_wanted()):
             self.next_residency = now + self.residency_period_s
-            self._residency(physical, now)
+            self._residency(reading, now)
         return decisions, kills
 
     def _residency(self, reading: PressureReading, now: float) -> None:

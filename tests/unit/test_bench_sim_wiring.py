@@ -56,7 +56,10 @@ def _run_call(hands: ExecgateHands, domain: Domain, box: SimBox, cid: str, mib: 
 def _yellow_with_an_ended_sandbox(tables: dict[str, dict[str, Any]] | None = None
                                   ) -> tuple[ExecgateHands, Domain]:
     """A: a 120 MiB sandbox whose call has just ended; B: a call running beside it, which puts
-    the domain in yellow (not red: reclaim, no freeze)."""
+    the domain in yellow (not red: reclaim, no freeze). Swap is unlimited here, so its room
+    would count as memory and keep the domain green: the swap credit is off."""
+    tables = {name: dict(values) for name, values in (tables or {}).items()}
+    tables.setdefault("headroom", {})["count_swap"] = False
     hands, domain, clock = _hands(tables)
     a, b = _box(domain, "A", 120, clock), _box(domain, "B", 20, clock)
     call = _run_call(hands, domain, a, "A/1", 10, clock)
@@ -68,7 +71,7 @@ def _yellow_with_an_ended_sandbox(tables: dict[str, dict[str, Any]] | None = Non
     assert busy.level > 0
     clock.t += 0.5
     hands.tick(0.1)
-    # residency acts on what is resident (engine: `physical`, without the swap credit)
+    # no swap here: the reading residency acts on has no credit (engine: one reading)
     assert hands.physical is not None and hands.physical.state == Pressure.YELLOW, hands.physical
     return hands, domain
 
@@ -168,7 +171,7 @@ def test_zram_copies_are_not_charged_to_the_domain() -> None:
 
 def test_swap_room_counts_as_available_until_the_domain_refaults() -> None:
     """engine._step's swap credit: the hands' reading counts the domain's swap room while
-    anonymous refaults stay low (and residency's physical reading does not); refaults above
+    anonymous refaults stay low (the physical one, kept for the summary, does not); refaults above
     thrash_refault_fraction of the budget per second turn it off."""
     hands, _, clock = _hands()
     domain = Domain(BUDGET, MemoryConfig(swap=True, zram=True, swap_max_bytes=200 * MiB))
