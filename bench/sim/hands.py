@@ -354,15 +354,14 @@ class ExecgateHands:
         """The domain's SwapFree within swap.max (0 without swap)."""
         return int(min(self.res.swap_room(), 1 << 62))
 
-    def _swap_credit(self, physical: PressureReading, offer: int) -> int:
-        """engine._swap_credit: the swap room that counts as available now, less what the
-        idle room offers from the same swap."""
+    def _swap_credit(self, physical: PressureReading) -> int:
+        """engine._swap_credit: the swap room that counts as available now."""
         if self.swap_credit is None or swap_room is None:
             return 0
         free = self.swap_free()
         kept = self.res.swap_kept() if free else 0.0
         return self.swap_credit.credit(self.clock(), swap_room(free, kept,
-                                                               physical.safety_margin), offer)
+                                                               physical.safety_margin))
 
     def _touch(self, box_id: str) -> None:
         """A call starts or ends in the sandbox (idle_sandboxes.Residency.touch)."""
@@ -375,8 +374,11 @@ class ExecgateHands:
         """engine._step: admission with the idle room, then what it borrowed asked of
         residency."""
         self.physical = self._assess()
-        offer = self.idle_room.offer(bool(self.waiting)) if self.idle_room is not None else 0
-        self.credit = self._swap_credit(self.physical, offer)
+        # engine._step: while swap counts, the kernel pushes out what calls need; the idle
+        # room serves only while it does not
+        self.credit = self._swap_credit(self.physical)
+        offer = self.idle_room.offer(bool(self.waiting)) \
+            if self.idle_room is not None and not self.credit else 0
         self.reading = self._assess(self.credit) if self.credit else self.physical
         if self.idle_room is None:
             decisions = self.admission.step(self.reading)

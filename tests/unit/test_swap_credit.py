@@ -101,6 +101,8 @@ def test_calls_run_beyond_free_memory_on_swap_until_the_domain_thrashes(
         # would push idle sandboxes out ahead of the kernel (it swaps what a call needs).
         assert eng.reading is not None and eng.reading.swap_credit > 0
         assert "swap counts" in eng.snapshot()["pressure"]["reason"]
+        # ... and the kernel pushes out what the calls need: the idle room lends nothing.
+        assert eng.snapshot()["idle_room"]["offered_bytes"] == 0
         # The swapped memory comes straight back: a working set in swap.
         for _ in range(3):
             clock.t += 1
