@@ -26,6 +26,32 @@ class ProcessSpec:
         return None
 
 
+    def command_getenv(self, name: str) -> str | None:
+        """What the command will see for name: an `env [-i] NAME=VALUE … cmd` prefix wins over
+        the exec's environment. `kubectl exec` passes no environment of its own, so that prefix
+        is how an agent in a pod declares a call (`kubectl exec P -- env AGENT_RESOURCE_HINT=…`);
+        `env -i` starts from nothing, `-u NAME` drops one."""
+        if not self.args or self.args[0].rsplit("/", 1)[-1] != "env":
+            return self.getenv(name)
+        value, prefix, args, i = self.getenv(name), name + "=", self.args, 1
+        while i < len(args):
+            arg = args[i]
+            if arg in ("-i", "--ignore-environment", "-"):
+                value = None
+            elif arg in ("-u", "--unset") and i + 1 < len(args):
+                value = None if args[i + 1] == name else value
+                i += 1
+            elif arg.startswith("-"):
+                pass  # another option of env's (-0, -v): no NAME=VALUE of its own
+            elif "=" in arg:
+                if arg.startswith(prefix):
+                    value = arg[len(prefix):]
+            else:
+                break  # the command
+            i += 1
+        return value
+
+
 def _strings(spec: dict[str, object], key: str) -> list[str]:
     """The strings of a list field; anything else there reads as empty."""
     value = spec.get(key)

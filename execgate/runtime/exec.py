@@ -49,7 +49,7 @@ def _hint(ctx: Context, spec: process_mod.ProcessSpec | None, rec: dict[str, Any
           ) -> dict[str, Any] | None:
     """The call's hint (calls/hint.py), from its process spec (Docker merges the container's
     env into the exec's); a bad one is told on the call's stderr, not on a terminal."""
-    raw = spec.getenv("AGENT_RESOURCE_HINT") if spec else None
+    raw = spec.command_getenv("AGENT_RESOURCE_HINT") if spec else None
 
     def ignored(why: str) -> None:
         ctx.log.warning(f"exec in {rec['id']}: {why}")

@@ -152,6 +152,9 @@ def test_hint_reaches_the_daemon(containers: Containers) -> None:
     cid = containers.run("-e", "AGENT_RESOURCE_HINT=memory:300m")
     docker("exec", cid, "true")
     docker("exec", "-e", "AGENT_RESOURCE_HINT=memory:2g", cid, "true")
-    entries = wait_for(lambda: len(journal_for(cid)) >= 2 and journal_for(cid), what="journal")
+    # kubectl exec passes no environment: an `env NAME=VALUE` prefix in the command declares.
+    docker("exec", cid, "env", "AGENT_RESOURCE_HINT=memory:40m", "true")
+    entries = wait_for(lambda: len(journal_for(cid)) >= 3 and journal_for(cid), what="journal")
     assert entries[0]["hint"]["memory_bytes"] == 300 << 20  # the container's env
     assert entries[1]["hint"]["memory_bytes"] == 2 << 30  # the exec's wins
+    assert entries[2]["hint"]["memory_bytes"] == 40 << 20  # the command's own prefix wins

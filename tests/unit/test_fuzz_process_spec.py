@@ -81,3 +81,21 @@ def test_any_process_spec_reads_as_a_spec_or_a_value_error(tmp_path: Path) -> No
             protocol.encode(protocol.request("admit", argv=spec.args, hint=got))  # sendable
         assert got is None or isinstance(got, dict)
     assert read > fuzzing.N // 2 and refused > 0
+
+
+def test_an_env_prefix_declares_the_hint_as_kubectl_exec_can() -> None:
+    """`kubectl exec P -- env AGENT_RESOURCE_HINT=memory:2g pytest` carries the hint in the
+    command, not in the exec's environment: the prefix wins, as env itself would apply it."""
+    from execgate.oci.process import ProcessSpec
+
+    name = "AGENT_RESOURCE_HINT"
+    env = [f"{name}=memory:1g"]
+    assert ProcessSpec(["pytest"], env).command_getenv(name) == "memory:1g"
+    assert ProcessSpec(["env", f"{name}=memory:2g", "pytest"], env).command_getenv(name) \
+        == "memory:2g"
+    assert ProcessSpec(["/usr/bin/env", "A=1", f"{name}=x", f"{name}=y", "sh", f"{name}=z"],
+                       []).command_getenv(name) == "y"  # the last before the command
+    assert ProcessSpec(["env", "-i", "PATH=/bin", "pytest"], env).command_getenv(name) is None
+    assert ProcessSpec(["env", "-u", name, "pytest"], env).command_getenv(name) is None
+    assert ProcessSpec(["env"], env).command_getenv(name) == "memory:1g"
+    assert ProcessSpec(["envsubst", f"{name}=q"], env).command_getenv(name) == "memory:1g"
