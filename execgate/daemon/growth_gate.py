@@ -196,8 +196,7 @@ class GrowthGate:
         swap it can still use (None: unknown, taken as none), for the last resort."""
         now = self.clock()
         self._health(now)
-        self.spared = {cid: until for cid, until in self.spared.items()
-                       if until > now and cid in calls}
+        self.spared = {cid: until for cid, until in self.spared.items() if until > now}
         samples = []
         for cid, call in calls.items():
             if not call.seen or cid in self.spared:
@@ -351,4 +350,5 @@ class GrowthGate:
                 "reason": self.reason, "slots": snap.get("slots"),
                 "held": sorted(cid for cid, t in self.tracked.items() if not t.allowed),
                 "held_oom_score_adj": self.config.held_oom_score_adj,
+                "spared": sorted(self.spared),
                 "calls": snap.get("calls")}

@@ -136,6 +136,8 @@ def test_the_release_op_spares_the_containers_running_calls(tmp_path: Path) -> N
                 answer = await peer.ask({"v": 1, "op": "release", "container": "box"})
                 assert answer["ok"] is True and answer["calls"] == 1, answer
                 assert mine["call"] in d.engine.growth.spared
+                status = await peer.ask({"v": 1, "op": "status", "recent": 0})
+                assert status["status"]["daemon"]["growth"]["spared"] == [mine["call"]]
                 answer = await peer.ask({"v": 1, "op": "release", "container": ["box"]})
                 assert answer["ok"] is False and "string 'container'" in answer["error"]
             finally:
