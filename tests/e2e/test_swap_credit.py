@@ -27,7 +27,7 @@ def _two_calls(containers: Containers, config: str) -> tuple[list[float], int]:
     with memory_domain(containers, SLICE, BUDGET, 2, config) as (a, b):
         domain = os.path.join(CGROOT, SLICE)
         containers.run("--cgroup-parent", SLICE, cmd=("memhog", str(FILL_MIB), "3600"))
-        wait_for(lambda: _int(domain, "memory.current") >= (FILL_MIB + 4) * MiB, timeout=120,
+        wait_for(lambda: _int(domain, "memory.current") >= (FILL_MIB - 2) * MiB, timeout=120,
                  what="the filler's memory")
         time.sleep(2)  # the daemon samples the filled domain
         procs = [subprocess.Popen(["docker", "exec", *HINT, cid, "memhog", str(CALL_MIB), "15"])
