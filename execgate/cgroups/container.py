@@ -126,6 +126,31 @@ def make_tool_cgroup(cg: str, name: str) -> str:
     return path
 
 
+GROUP_OOM_FLOOR = 16 << 20  # a contained call gets at least this much
+
+
+def contain_group_oom(cg: str, tool: str) -> int | None:
+    """Where the container's cgroup kills as a group (memory.oom.group = 1: Kubernetes >= 1.28
+    sets it on every container), a call that runs the container out of memory would take the
+    agent and init with it. Cap the call's own cgroup below what the container still has:
+    memory.max = L - the container's anonymous memory now (the agent's, other calls') - a
+    margin of max(16 MiB, 5 % of L), at least 16 MiB. Then the call reaches its own limit
+    first and its OOM is its own (the kernel kills the group of the cgroup whose limit was hit,
+    the tool cgroup). Returns the limit set, None where nothing was needed or possible."""
+    if v2.read_int(cg, "memory.oom.group") != 1:
+        return None
+    limit = v2.read_int(cg, "memory.max")  # "max" reads as None: no container limit
+    if limit is None:
+        return None
+    anon = v2.read_keyed(cg, "memory.stat").get("anon", 0)
+    cap = max(limit - anon - max(16 << 20, limit // 20), GROUP_OOM_FLOOR)
+    try:
+        v2.write(tool, "memory.max", str(cap))
+    except OSError:
+        return None
+    return cap
+
+
 def tool_cgroups(cg: str) -> list[str]:
     try:
         return sorted(e.path for e in os.scandir(cg)

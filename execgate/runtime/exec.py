@@ -117,6 +117,9 @@ def handle(ctx: Context) -> list[str]:
     # Its identity, for the watcher to check the exit status it reads is this call's: taken
     # now, as the cgroup may be gone (container deleted) before the watcher first runs.
     call.cgroup_id = os.stat(tool).st_ino
+    cap = container.contain_group_oom(cg, tool)
+    if cap is not None:
+        ctx.log.debug(f"exec in {cid}: the container kills as a group; call capped at {cap}")
     if ctx.config.memory_high_from_hint and call.hint and call.hint.get("memory_bytes"):
         try:
             v2.write(tool, "memory.high", str(call.hint["memory_bytes"]))

@@ -94,6 +94,23 @@ def test_agent_survives_a_call_that_blows_the_limit(containers: Containers) -> N
     assert killed and killed[0]["argv"] == ["memhog", "200"]
 
 
+def test_a_group_killing_container_loses_only_the_call(containers: Containers) -> None:
+    """Kubernetes >= 1.28 sets memory.oom.group = 1 on every container's cgroup: a call that
+    ran the container out of memory took the agent and init with it. The call's cgroup is now
+    capped below what the container has left, so it meets its own limit first (issue 19)."""
+    cid = containers.run("--memory", "64m", "--memory-swap", "64m", cmd=("memhog", "20", "3600"))
+    cg = container_cgroup(cid)
+    wait_for(lambda: v2_int(cg, "memory.current") >= 20 << 20, what="the agent's 20 MiB")
+    with open(os.path.join(cg, "memory.oom.group"), "w") as f:
+        f.write("1")  # as the kubelet does
+    pid = init_pid(cid)
+    p = docker("exec", cid, "memhog", "60", check=False)
+    assert p.returncode == 137, p
+    assert inspect(cid)["State"]["Running"] and init_pid(cid) == pid, "the agent went with it"
+    killed = [e for e in journal_for(cid) if e["oom_killed"]]
+    assert killed and killed[-1]["argv"] == ["memhog", "60"], journal_for(cid)
+
+
 def test_tool_calls_are_preferred_oom_victims(containers: Containers) -> None:
     cid = containers.run()
     # Raised as the call starts; what it forks from then on inherits it.
