@@ -28,6 +28,7 @@ Two files, so that removal takes exactly what was made and nothing else:
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import subprocess
@@ -291,7 +292,7 @@ def stop(host: Host, made: dict[str, Any]) -> list[str]:
         if node in {s.name for s in host.swaps()}:
             step(f"swapoff {node}", lambda: host.run(["swapoff", node]))
         if os.path.isdir(host.path("sys/block", dev)):
-            step(f"reset {dev}", lambda: host.write("1", "sys/block", dev, "reset"))
+            step(f"reset {dev}", lambda: _reset_zram(host, dev))
             if made.get("hot_added"):
                 step(f"remove {dev}", lambda: host.write(
                     dev.removeprefix("zram"), "sys/class/zram-control/hot_remove"))
@@ -308,17 +309,31 @@ def stop(host: Host, made: dict[str, Any]) -> list[str]:
     return failed
 
 
-def _unload_zram(host: Host, attempts: int = 50, pause_s: float = 0.1) -> None:
-    """modprobe -r zram, retried: right after swapoff and reset, udev (probing the device's
-    change) can still hold it open and the kernel answers "in use" for a moment."""
+def _while_busy(fn: Callable[[], None], busy: Callable[[Exception], bool],
+                attempts: int = 50, pause_s: float = 0.1) -> None:
+    """fn, retried for up to attempts x pause_s while it fails as busy: right after swapoff
+    (and reset), udev probing the device's change holds it open for a moment."""
     for i in range(attempts):
         try:
-            host.run(["modprobe", "-r", "zram"])
+            fn()
             return
-        except SwapError:
-            if i == attempts - 1:
+        except (OSError, SwapError) as e:
+            if i == attempts - 1 or not busy(e):
                 raise
             time.sleep(pause_s)
+
+
+def _reset_zram(host: Host, dev: str) -> None:
+    """Write reset, retried while the kernel answers EBUSY (the device still open: the full
+    e2e suite's zram test failed its teardown on one)."""
+    _while_busy(lambda: host.write("1", "sys/block", dev, "reset"),
+                lambda e: isinstance(e, OSError) and e.errno == errno.EBUSY)
+
+
+def _unload_zram(host: Host) -> None:
+    """modprobe -r zram, retried while the kernel answers "in use"."""
+    _while_busy(lambda: host.run(["modprobe", "-r", "zram"]),
+                lambda e: isinstance(e, SwapError))
 
 
 def status(host: Host, plan_path: str = PLAN, made_path: str = MADE) -> dict[str, Any]:
