@@ -348,8 +348,6 @@ class Engine:
         available, and the growth still expected of admitted calls (re-assessed at every step:
         a call admitted a moment ago has not grown yet; one whose pages went to swap has not
         shrunk its demand)."""
-        if self.clock() - self.sampled_at > self.settings.daemon.sample_period_s:
-            self._sample_domain()  # a request after an idle period: no stale headroom
         usage = {cid: c.peak_mem for cid, c in self.calls.items()}
         s = self.sample
         assert s is not None
@@ -364,6 +362,8 @@ class Engine:
         # room admission borrows compressed whole sandboxes, some woken again moments later
         # (VM, 8.6x Poisson: 317-504 MiB reclaimed). The idle room serves while it does not
         # count (no swap room, or the domain thrashes: then resident memory is what matters).
+        if self.clock() - self.sampled_at > self.settings.daemon.sample_period_s:
+            self._sample_domain()  # a request after an idle period: no stale headroom or swap
         self.credit = self._swap_credit()
         offer = 0 if self.credit else self.idle_room.offer(bool(self.pending))
         self.reading = self._assess(self.credit)
