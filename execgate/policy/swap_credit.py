@@ -14,8 +14,9 @@ VM run where the kernel, swapping what calls needed, moved 260-350 — as long a
 anonymous refaults (memory.stat `workingset_refault_anon`) stay below
 `thrash_refault_fraction` of its budget per second, and for `thrash_hold_s` after they last
 rose above it (a working set in swap shows itself only after the calls that own it were let
-in, so one sighting keeps the credit off for a while, not for one period). What residency
-already offers from idle sandboxes comes out of the same swap room and is not counted twice.
+in, so one sighting keeps the credit off for a while, not for one period). While it counts,
+the idle room (what residency could push out of idle sandboxes, from the same swap) lends
+nothing: the daemon asks for one or the other, never both.
 
 Pure: the daemon (and the simulator) feed the cumulative refault counter and the room.
 """
@@ -66,13 +67,11 @@ class SwapCredit:
     def thrashing(self, now: float) -> bool:
         return now - self.thrashed_at < self.cfg.thrash_hold_s
 
-    def credit(self, now: float, room: int, taken: int = 0) -> int:
-        """Bytes of swap room to count as available now: room less what idle sandboxes'
-        push-out already counts on (`taken`), none while thrashing or turned off."""
-        if not self.cfg.count_swap or self.thrashing(now):
-            self.last_credit = 0
-        else:
-            self.last_credit = max(room - max(taken, 0), 0)
+    def credit(self, now: float, room: int) -> int:
+        """Bytes of swap room to count as available now: all of it, none while thrashing or
+        turned off."""
+        off = not self.cfg.count_swap or self.thrashing(now)
+        self.last_credit = 0 if off else max(room, 0)
         return self.last_credit
 
     def snapshot(self, now: float) -> dict[str, Any]:
