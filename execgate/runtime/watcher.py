@@ -78,7 +78,7 @@ def spawn(call: ToolCall, pid_file: str | None, journal: str, log: RuncLog,
                 from . import exithold
 
                 exithold.prepare()
-                _set_nice(HOLD_NICE)
+                _hurry(True)
             stderr = proxy.relay(runtime_pidfd)
             log.debug(f"call {call.call}: terminal relayed, "
                       f"{'keeping its peer' if stderr is not None else 'no peer (no feedback)'}")
@@ -100,11 +100,22 @@ def _holds(call: ToolCall, stderr: object) -> bool:
     return bool(call.tty and call.hold_exit is not False and stderr is not None)
 
 
-def _set_nice(value: int) -> None:
+_inherited_nice: int | None = None  # set while the watcher runs at HOLD_NICE
+
+
+def _hurry(on: bool) -> None:
+    """HOLD_NICE until the held call is caught, then back to the priority it inherited."""
+    global _inherited_nice
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, value)
+        if on:
+            before = os.getpriority(os.PRIO_PROCESS, 0)
+            os.setpriority(os.PRIO_PROCESS, 0, HOLD_NICE)
+            _inherited_nice = before
+        elif _inherited_nice is not None:
+            os.setpriority(os.PRIO_PROCESS, 0, _inherited_nice)
+            _inherited_nice = None
     except OSError:
-        pass  # unprivileged (rootless): the default priority serves
+        pass  # unprivileged (rootless): the inherited priority serves
 
 
 def _detach(keep: set[int]) -> None:
@@ -279,8 +290,7 @@ def watch(call: ToolCall, runtime_pidfd: int, pid_file: str | None, journal: str
     hold = _holds(call, stderr)
     # Once runc has exited the call is placed, or never will be.
     pidfds, traced = _wait_runtime(runtime_pidfd, cg, int(call.oom_score_adj or 0), hold)
-    if hold:
-        _set_nice(0)  # caught (or missed): from here on the watcher is nobody's hurry
+    _hurry(False)  # caught (or missed): from here on the watcher is nobody's hurry
     os.close(runtime_pidfd)
     pid, exec_pidfd = _exec_pidfd(pid_file, pidfds, traced)
     if traced is not None:

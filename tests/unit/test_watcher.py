@@ -28,3 +28,24 @@ def test_a_call_whose_cgroup_went_before_the_watcher_ran_is_still_journaled(
     (entry,) = [json.loads(line) for line in journal.read_text().splitlines()]
     assert entry["call"] == "tool-0123456789ab" and entry["argv"] == ["true"]
     assert entry["exit_code"] is None and entry["oom_killed"] is False
+
+
+def test_a_holding_watcher_hurries_then_goes_back_to_the_priority_it_inherited() -> None:
+    """Raised while it waits to catch a held call, then the inherited nice again (not 0: a
+    watcher forked from a niced runtime stays as niced as it was)."""
+    import multiprocessing
+
+    def child(q: multiprocessing.Queue) -> None:
+        os.setpriority(os.PRIO_PROCESS, 0, 5)
+        watcher._hurry(True)
+        during = os.getpriority(os.PRIO_PROCESS, 0)
+        watcher._hurry(False)
+        q.put((during, os.getpriority(os.PRIO_PROCESS, 0)))
+
+    q: multiprocessing.Queue = multiprocessing.get_context("fork").Queue()
+    p = multiprocessing.get_context("fork").Process(target=child, args=(q,))
+    p.start()
+    during, after = q.get(timeout=10)
+    p.join(10)
+    assert after == 5
+    assert during == (watcher.HOLD_NICE if os.geteuid() == 0 else 5)
