@@ -14,6 +14,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from execgate.common.libc import libc
+
 _NR_BPF = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280,
            "loongarch64": 280}
 
@@ -35,7 +37,7 @@ def _lib() -> ctypes.CDLL:
     """libc, loaded once, with the prototypes used here."""
     global _libc
     if _libc is None:
-        lib = ctypes.CDLL(None, use_errno=True)
+        lib = libc()
         lib.syscall.restype = ctypes.c_long
         lib.mmap.restype = ctypes.c_void_p
         lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,

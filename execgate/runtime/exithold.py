@@ -19,6 +19,8 @@ import os
 import signal
 from collections.abc import Callable
 
+from execgate.common.libc import libc
+
 _PTRACE_CONT = 7
 _PTRACE_SEIZE = 0x4206
 _PTRACE_LISTEN = 0x4208
@@ -36,9 +38,10 @@ def prepare() -> ctypes.CDLL:
     second to be gone before it was traced (its note then lost to the terminal's teardown)."""
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-        _libc.ptrace.restype = ctypes.c_long
+        lib = libc()
+        lib.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        lib.ptrace.restype = ctypes.c_long
+        _libc = lib
     return _libc
 
 

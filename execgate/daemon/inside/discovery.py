@@ -17,6 +17,7 @@ from typing import Any
 
 from execgate.cgroups import container, v2
 from execgate.common import records
+from execgate.common.libc import libc
 
 from . import procfs
 from .state import AgentsState, Box
@@ -34,13 +35,13 @@ class Inotify:
     IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_MOVED_TO, IN_MOVED_FROM = 0x8, 0x100, 0x200, 0x80, 0x40
 
     def __init__(self, path: str) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        lib = libc()
+        self.fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1")
         mask = (self.IN_CLOSE_WRITE | self.IN_CREATE | self.IN_DELETE | self.IN_MOVED_TO
                 | self.IN_MOVED_FROM)
-        if libc.inotify_add_watch(self.fd, os.fsencode(path), mask) < 0:
+        if lib.inotify_add_watch(self.fd, os.fsencode(path), mask) < 0:
             err = ctypes.get_errno()
             os.close(self.fd)
             raise OSError(err, f"inotify_add_watch {path}")

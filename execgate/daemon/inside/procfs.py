@@ -10,6 +10,8 @@ import fcntl
 import os
 import stat
 
+from execgate.common.libc import libc
+
 
 def _stat_field(pid: int, index: int) -> int | None:
     """A numeric field of /proc/PID/stat, counted after the command name (0: state)."""
@@ -91,7 +93,7 @@ def _pidfd_getfd(pid: int, target: int) -> int:
     open file description it holds, with its access mode; OSError if it cannot be had."""
     pidfd = os.pidfd_open(pid)
     try:
-        fd = _libc().syscall(_SYS_PIDFD_GETFD, pidfd, target, 0)
+        fd = libc().syscall(_SYS_PIDFD_GETFD, pidfd, target, 0)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
@@ -137,11 +139,3 @@ def _closed(fd: int) -> None:
 
 
 _SYS_PIDFD_GETFD = 438  # x86_64's and the generic table's (arm64, riscv) alike
-_LIBC: ctypes.CDLL | None = None
-
-
-def _libc() -> ctypes.CDLL:
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
