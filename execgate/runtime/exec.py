@@ -1,9 +1,11 @@
 """`exec`: every tool call runs in its own cgroup inside the container's, once admitted.
 
 The handler reads the call's command and AGENT_RESOURCE_HINT from its process spec, asks the
-daemon to admit it (fail open), creates `tool-<hex>`, leaves a watcher behind to record the
-outcome and remove the cgroup, and execve()s `runc exec --cgroup tool-<hex> …`: runc's exit
-status and output stay exactly what the engine expects.
+daemon to admit it (fail open), creates `tool-<hex>` (calls/placement.py), leaves a watcher
+behind to record the outcome and remove the cgroup, and execve()s `runc exec --cgroup
+tool-<hex> …`: runc's exit status and output stay exactly what the engine expects. Where the
+daemon runs, the compiled front hands it managed non-TTY calls instead (daemon/exec_op.py):
+this handler is then the path for TTY calls and the fail-open one.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ from __future__ import annotations
 import os
 import time
 
-from execgate.calls import hint
-from execgate.calls.record import ToolCall
-from execgate.cgroups import container, v2
+from execgate.calls import placement
+from execgate.cgroups import container
 from execgate.common import records
-from execgate.oci import process as process_mod
 
 from .context import Context
 
@@ -45,19 +45,6 @@ def _waiting(frame: dict[str, Any]) -> None:
                                        str(frame.get("reason") or "")))
 
 
-def _hint(ctx: Context, spec: process_mod.ProcessSpec | None, rec: dict[str, Any], cg: str
-          ) -> dict[str, Any] | None:
-    """The call's hint (calls/hint.py), from its process spec (Docker merges the container's
-    env into the exec's); a bad one is told on the call's stderr, not on a terminal."""
-    raw = spec.command_getenv("AGENT_RESOURCE_HINT") if spec else None
-
-    def ignored(why: str) -> None:
-        ctx.log.warning(f"exec in {rec['id']}: {why}")
-
-    return hint.resolve(raw, cg, str(rec.get("sandbox") or rec["id"]), ctx.config.state_dir,
-                        ignored, _stderr if spec and not spec.terminal else None)
-
-
 def recover(ctx: Context) -> None:
     """After a failed handler, before passing through: the exec must not land in an `init/`
     execgate froze (an idle sandbox), so thaw it. Never raises."""
@@ -71,37 +58,16 @@ def recover(ctx: Context) -> None:
 
 
 def handle(ctx: Context) -> list[str]:
-    argv = ctx.inv.argv
-    flags = ctx.inv.command_flags()
-    if flags.get("cgroup") is not None or not flags.positionals:
-        return argv  # the caller placed the process itself
-    cid = flags.positionals[0]
-    rec = records.load_container(ctx.config.state_dir, cid)
-    if not rec or not rec.get("managed"):
-        return argv
-    cg = rec["cgroup"]
-    if not container.is_prepared(cg):
-        ctx.log.warning(f"exec in {cid}: {cg} lacks init/; running unmanaged")
-        return argv
-    spec = None
-    if flags.get("process"):
-        try:
-            spec = process_mod.load(flags.get("process") or "")
-        except (OSError, ValueError) as e:
-            ctx.log.warning(f"exec in {cid}: unreadable process spec: {e}")
+    p = placement.plan(ctx.config, ctx.inv, ctx.log, _stderr)
+    if p is None:
+        return ctx.inv.argv
     from . import admit, watcher
 
-    name = container.new_tool_name()
-    call = ToolCall(name, cid, rec.get("sandbox", cid), os.path.join(cg, name),
-                    spec.args if spec else flags.positionals[1:],
-                    tty=bool(spec.terminal) if spec else flags.is_set("tty"),
-                    detach=flags.is_set("detach"), hint=_hint(ctx, spec, rec, cg),
-                    oom_score_adj=ctx.config.tool_oom_score_adj,
-                    hold_exit=ctx.config.tty_exit_hold, arrival=time.time())
+    call = p.call
     answer = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,
                            call.admit_request(), ctx.log, None if call.tty else _waiting)
     if answer is None:  # the daemon thaws an idle sandbox when it admits; failing open, we do
-        container.thaw_init(cg)
+        container.thaw_init(p.rec["cgroup"])
         call.admitted(False)
     else:
         call.daemon = {"socket": ctx.config.socket,
@@ -113,31 +79,19 @@ def handle(ctx: Context) -> list[str]:
 
         if feedback.should_report_delay(call.waited_s):
             _stderr(feedback.admission_delayed(call.waited_s))
-    tool = container.make_tool_cgroup(cg, name)
-    # Its identity, for the watcher to check the exit status it reads is this call's: taken
-    # now, as the cgroup may be gone (container deleted) before the watcher first runs.
-    call.cgroup_id = os.stat(tool).st_ino
-    cap = container.contain_group_oom(cg, tool)
-    if cap is not None:
-        ctx.log.debug(f"exec in {cid}: the container kills as a group; call capped at {cap}")
-    if ctx.config.memory_high_from_hint and call.hint and call.hint.get("memory_bytes"):
-        try:
-            v2.write(tool, "memory.high", str(call.hint["memory_bytes"]))
-        except OSError as e:
-            ctx.log.warning(f"exec in {cid}: memory.high not set: {e}")
-    out = ctx.inv.with_command_flags(["--cgroup", name])
+    out = placement.place(ctx.config, p, ctx.log)
     proxy = None
-    engine_socket = flags.get("console-socket")
+    engine_socket = p.flags.get("console-socket")
     if call.tty and engine_socket:
         from execgate.calls import terminal
 
         try:
-            proxy = terminal.Proxy(os.path.join(ctx.config.state_dir, "console", name + ".sock"),
-                                  engine_socket)
+            proxy = terminal.Proxy(os.path.join(ctx.config.state_dir, "console",
+                                                call.call + ".sock"), engine_socket)
             out = ctx.inv.replace_command_flag(out, "console-socket", proxy.path)
         except OSError as e:
-            ctx.log.warning(f"exec in {cid}: no terminal feedback ({e})")
+            ctx.log.warning(f"exec in {call.container}: no terminal feedback ({e})")
             proxy = None
     call.start = time.time()
-    watcher.spawn(call, flags.get("pid-file"), ctx.config.journal, ctx.log, proxy)
+    watcher.spawn(call, p.flags.get("pid-file"), ctx.config.journal, ctx.log, proxy)
     return out

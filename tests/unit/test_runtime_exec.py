@@ -530,7 +530,7 @@ def test_a_failed_handler_thaws_a_frozen_init_before_passing_through(
     def bug(*_a: object, **_k: object) -> None:
         raise AttributeError("'list' object has no attribute 'get'")
 
-    monkeypatch.setattr(exec_.hint, "resolve", bug)
+    monkeypatch.setattr(exec_.placement.hint, "resolve", bug)
     main_mod.main()
     assert ran == [argv]  # passed through untouched
     assert (box.cg / "init" / "cgroup.freeze").read_text().strip() == "0"
