@@ -216,11 +216,17 @@ def follow(call: ToolCall, pidfds: dict[int, int], pid_file: str | None, journal
         log.debug(f"call {call.call}: OOM note {'lost: ' + err if err else 'written'}")
         told.append(True)
 
-    wait_empty(cg, tell_oom_now if stderr is not None else None)
-    end = time.time()
-    gate = done(call)
-    entry = outcome.conclude(call, end, gate)
-    tell.tell_and_close(call, entry, stderr, told_oom=bool(told))
+    kept = stderr
+    try:
+        wait_empty(cg, tell_oom_now if stderr is not None else None)
+        end = time.time()
+        gate = done(call)
+        entry = outcome.conclude(call, end, gate)
+        kept = None
+        tell.tell_and_close(call, entry, stderr, told_oom=bool(told))
+    finally:
+        if kept is not None:  # failed before the note: the stream must still end
+            os.close(kept)
     status = exit_status(exec_pid, call.cgroup_id)
     if exec_pid is not None:
         os.close(exec_pid)

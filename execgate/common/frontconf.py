@@ -6,6 +6,8 @@ every call. One `key value` line each: `config` and `code` name the config file 
 that resolve it, with their stat (`dev ino size mtime_ns ctime_ns`; `-` for a config file that
 does not exist). The front trusts the rest only while every one still matches, so an edit of
 the config or an upgrade of execgate sends calls to Python until Python writes the file again.
+`socket` and `daemon_timeout_ms` are the daemon's, for the managed execs the front hands it
+(daemon/exec_op.py).
 A config with problems to report, or a debug log to write, gets no file: every call goes through
 Python, which reports them.
 """
@@ -52,6 +54,8 @@ def render(path: str, st: os.stat_result | None, cfg: Config, code: tuple[str, .
              f"version {__version__}",
              f"state_dir {cfg.state_dir}",
              f"per_exec_cgroups {int(cfg.per_exec_cgroups)}",
+             f"socket {cfg.socket}",
+             f"daemon_timeout_ms {max(1, int(cfg.daemon_timeout_ms))}",
              *(f"runtime {r}" for r in cfg.runtime),
              "end"]
     if any(c in line for line in lines for c in "\n\r\0"):

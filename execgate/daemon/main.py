@@ -16,16 +16,18 @@ import math
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from execgate.cgroups import container, v2
 from execgate.common import config as config_mod
 from execgate.common import hints, protocol, records
+from execgate.policy.admission import Decision
 
 from . import settings as settings_mod
 from . import status
 from .engine import Engine
+from .exec_op import ExecOp
 from .inside.agents import InsideAgents
 from .metrics import Metrics
 from .reload import Reloader
@@ -145,9 +147,11 @@ class Daemon:
         self.inside: InsideAgents | None = None  # set once it listens
         self.reloader = Reloader(cfg, engine)  # SIGHUP
         self.metrics = Metrics(engine, self.reloader)  # served when [metrics] listen is set
+        self.exec = ExecOp(lambda: self.cfg, engine, self.converse)  # the compiled front's
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
-                         "start_sandbox": self.op_start_sandbox, "release": self.op_release}
+                         "start_sandbox": self.op_start_sandbox, "release": self.op_release,
+                         "exec": self.exec.handle}
 
     def refuse_peer(self, pid: int, cgroup_of: Callable[[int], str] = v2.path_of_pid
                     ) -> str | None:
@@ -185,18 +189,36 @@ class Daemon:
             msg, self.cfg.state_dir, self.engine.settings.daemon.domain)
         if error:
             return protocol.reply(False, error=error)
+
+        async def admitted(d: Decision) -> None:
+            await conn.send(protocol.reply(True, admitted=True, waited_s=d.waited_s,
+                                           forced=d.forced, probe=d.probe,
+                                           overheld=d.overheld, charge=d.charge_bytes,
+                                           reason=d.reason))
+
+        return await self.converse(msg, conn, admitted)
+
+    async def converse(self, msg: dict[str, Any], conn: Conn,
+                       admitted: Callable[[Decision], Awaitable[None]],
+                       queued: dict[str, Any] | None = None,
+                       waiting: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                       ) -> dict[str, Any] | None:
+        """An admission conversation: `queued` at once (with `queued`'s fields), a `waiting`
+        frame every progress_s the peer asked for (with what waiting() adds), and once the call
+        may start, admitted(decision), which answers the peer. A conversation that ends before
+        admitted() returns (the peer hung up, a handler failed) ends the call's charge."""
         call_id = msg["call"]
         try:
             ticket, fut = self.engine.submit(msg)
         except ValueError as e:
             return protocol.reply(False, error=str(e))
-        told = False  # the runtime heard `admitted`: from then on its watcher ends the call
+        told = False  # the peer heard `admitted`: from then on its follower ends the call
         hangup: asyncio.Future[None] | None = None
         try:
             progress = _progress_s(msg)
             if progress is not None:
                 ticket["progress_s"] = progress
-            await conn.send(protocol.reply(True, queued=True, **ticket))
+            await conn.send(protocol.reply(True, queued=True, **ticket, **(queued or {})))
             hangup = asyncio.ensure_future(conn.closed())
             while not fut.done():
                 await asyncio.wait({fut, hangup}, timeout=progress,
@@ -205,15 +227,13 @@ class Daemon:
                     break
                 if hangup.done():  # the runtime gave up or died: nothing will run
                     return None
-                waiting = self.engine.waiting(call_id)
-                if waiting is None:  # a runtime that asked is told every progress_s
+                frame = self.engine.waiting(call_id)
+                if frame is None:  # a runtime that asked is told every progress_s
                     continue
-                await conn.send(protocol.reply(True, waiting=True, **waiting))
-            d = fut.result()
-            await conn.send(protocol.reply(True, admitted=True, waited_s=d.waited_s,
-                                           forced=d.forced, probe=d.probe,
-                                           overheld=d.overheld, charge=d.charge_bytes,
-                                           reason=d.reason))
+                if waiting is not None:
+                    frame = {**frame, **waiting(frame)}
+                await conn.send(protocol.reply(True, waiting=True, **frame))
+            await admitted(fut.result())
             told = True
             return None
         except (ConnectionError, OSError):  # the runtime went away: nothing will run

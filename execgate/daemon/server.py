@@ -30,6 +30,7 @@ class Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.peer_pid: int | None = None  # SO_PEERCRED's, once the peer is served
 
     async def send(self, msg: dict[str, Any]) -> None:
         self.writer.write(protocol.encode(msg))
@@ -97,6 +98,7 @@ class Server:
                 error = "permission denied"
             elif self.refuse_peer is not None and (why := self.refuse_peer(pid)):
                 error = f"permission denied: {why}"
+            conn.peer_pid = pid
             if error:
                 log.warning("peer pid %d uid %d refused: %s", pid, uid, error)
                 writer.write(protocol.encode(protocol.reply(False, error=error)))

@@ -14,7 +14,11 @@
  *     lines first, as main.print_version does);
  *   - start, exec, kill of a container without a record, or whose record (written by
  *     runtime/create.py: <state_dir>/containers/<id>.json) says "managed": false; start also of
- *     one already "prepared"; delete of a container without a record.
+ *     one already "prepared"; delete of a container without a record; an exec that names its
+ *     own --cgroup.
+ * A managed exec that is not a TTY call is a tool call: the front hands it to the daemon (the
+ * `exec` op, daemon/exec_op.py), which admits and places it, answers the argv to run runc with,
+ * and follows the call to its end; Python starts only when the daemon does not answer so.
  * create always goes to Python.
  *
  * The config: this program never reads config.toml. The Python runtime writes what the front
@@ -34,10 +38,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #if !defined(EXECGATE_PYTHON) || !defined(FRONT_CONF) || !defined(FRONT_FORMAT) || \
@@ -106,6 +115,8 @@ static void __attribute__((noreturn)) runtime(const char *real)
 
 struct front {
 	const char *version, *state_dir;
+	const char *socket; /* the daemon's, NULL: managed execs go to Python */
+	long long daemon_timeout_ms;
 	int per_exec_cgroups;
 	const char *runtimes[MAX_RUNTIMES];
 	int nruntimes;
@@ -206,6 +217,16 @@ static int load_front(struct front *f, const char *config_path)
 			if (strcmp(value, "0") && strcmp(value, "1"))
 				return 0;
 			per_exec = value[0] == '1';
+		} else if (!strcmp(line, "socket")) {
+			if (*value != '/')
+				return 0;
+			f->socket = value;
+		} else if (!strcmp(line, "daemon_timeout_ms")) {
+			char *end;
+			errno = 0;
+			f->daemon_timeout_ms = strtoll(value, &end, 10);
+			if (errno || *end || f->daemon_timeout_ms <= 0)
+				return 0;
 		} else if (!strcmp(line, "runtime")) {
 			if (f->nruntimes == MAX_RUNTIMES || !*value)
 				return 0;
@@ -215,7 +236,7 @@ static int load_front(struct front *f, const char *config_path)
 		}
 	}
 	if (!ended || !config_seen || !code_seen || !f->version || !f->state_dir ||
-	    !*f->state_dir || per_exec < 0 || !f->nruntimes)
+	    !*f->state_dir || per_exec < 0 || !f->nruntimes || (f->socket && !f->daemon_timeout_ms))
 		return 0;
 	f->per_exec_cgroups = per_exec;
 	return 1;
@@ -371,6 +392,22 @@ static const char *container_id(int i, const char *const *value_flags,
 		}
 	}
 	return cid;
+}
+
+/* Whether exec's flags (args from i, up to the container id) name one of names. */
+static int exec_flag(int i, const char *const *names)
+{
+	for (; args[i]; i++) {
+		const char *name, *value;
+		size_t len;
+		if (!split_flag(args[i], &name, &len, &value))
+			return 0;
+		if (in(name, len, names))
+			return 1;
+		if (in(name, len, EXEC_VALUE) && !value)
+			i++;
+	}
+	return 0;
 }
 
 /* ---- the container record (common/records.py) ---------------------------------------------- */
@@ -577,6 +614,382 @@ static int load_record(const char *state_dir, const char *cid, int *managed, int
 	return record_flags(text, (size_t)len, managed, prepared) ? 1 : -1;
 }
 
+/* ---- the daemon's exec op (daemon/exec_op.py) ---------------------------------------------- */
+
+/* A managed non-TTY exec is handed to the daemon, which admits and places it and answers the
+ * argv to run runc with; it follows the call to its end itself, so no Python starts. The wire
+ * is the daemon's (common/protocol.py): a 4-byte big-endian length, then one msgpack map. Any
+ * trouble before the answer (no daemon, a refusal, a frame not understood, a deadline passed)
+ * -> Python, which asks again and fails open as it always has. The bounds on the wait are
+ * runtime/admit.py's. */
+
+#define MAX_FRAME (1 << 20)
+#define SLACK_MS 5000
+
+struct buf {
+	char *p;
+	size_t len, cap;
+};
+
+static int put(struct buf *b, const void *data, size_t n)
+{
+	if (b->len + n > b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 4096;
+		while (cap < b->len + n)
+			cap *= 2;
+		char *p = realloc(b->p, cap);
+		if (!p)
+			return 0;
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, data, n);
+	b->len += n;
+	return 1;
+}
+
+/* msgpack's header of a map, array or str of n items/bytes: its short form where it has one. */
+static int put_head(struct buf *b, unsigned fix, unsigned fixmax, unsigned char c16, size_t n)
+{
+	unsigned char h[5];
+	if (n <= fixmax) {
+		h[0] = (unsigned char)(fix | n);
+		return put(b, h, 1);
+	}
+	if (n <= 0xffff) {
+		h[0] = c16, h[1] = (unsigned char)(n >> 8), h[2] = (unsigned char)n;
+		return put(b, h, 3);
+	}
+	h[0] = c16 + 1, h[1] = (unsigned char)(n >> 24), h[2] = (unsigned char)(n >> 16);
+	h[3] = (unsigned char)(n >> 8), h[4] = (unsigned char)n;
+	return put(b, h, 5);
+}
+
+static int put_str(struct buf *b, const char *s)
+{
+	size_t n = strlen(s);
+	if (n <= 31)
+		return put_head(b, 0xa0, 31, 0xda, n) && put(b, s, n);
+	if (n <= 0xff) {
+		unsigned char h[2] = {0xd9, (unsigned char)n};
+		return put(b, h, 2) && put(b, s, n);
+	}
+	return put_head(b, 0xa0, 31, 0xda, n) && put(b, s, n);
+}
+
+/* A msgpack reader over one frame: enough for the daemon's answers (maps of strings, numbers,
+ * booleans and an array of strings); anything else is skipped, or not understood. */
+struct mp {
+	const unsigned char *p, *end;
+};
+
+static int mp_uint(struct mp *m, int bytes, unsigned long long *v)
+{
+	if (m->end - m->p < bytes)
+		return 0;
+	*v = 0;
+	for (int k = 0; k < bytes; k++)
+		*v = *v << 8 | *m->p++;
+	return 1;
+}
+
+/* The next item's kind: 's' str (len), 'a' array (len items), 'm' map (len pairs), 'b' bool
+ * (len 0/1), 'n' number (*num), 'z' nil, 'x' another kind (bin, ext: skipped by length). */
+static int mp_next(struct mp *m, char *kind, size_t *len, double *num)
+{
+	unsigned long long v;
+	if (m->p >= m->end)
+		return 0;
+	unsigned char c = *m->p++;
+	*len = 0;
+	if (c <= 0x7f || c >= 0xe0) {
+		*kind = 'n', *num = c <= 0x7f ? c : (double)(signed char)c;
+		return 1;
+	}
+	if ((c & 0xe0) == 0xa0)
+		return *kind = 's', *len = c & 0x1f, 1;
+	if ((c & 0xf0) == 0x90)
+		return *kind = 'a', *len = c & 0x0f, 1;
+	if ((c & 0xf0) == 0x80)
+		return *kind = 'm', *len = c & 0x0f, 1;
+	switch (c) {
+	case 0xc0:
+		return *kind = 'z', 1;
+	case 0xc2:
+	case 0xc3:
+		return *kind = 'b', *len = c == 0xc3, 1;
+	case 0xd9: case 0xda: case 0xdb:
+		if (!mp_uint(m, 1 << (c - 0xd9), &v))
+			return 0;
+		return *kind = 's', *len = v, 1;
+	case 0xc4: case 0xc5: case 0xc6:
+		if (!mp_uint(m, 1 << (c - 0xc4), &v))
+			return 0;
+		return *kind = 'x', *len = v, 1;
+	case 0xdc: case 0xdd:
+		if (!mp_uint(m, c == 0xdc ? 2 : 4, &v))
+			return 0;
+		return *kind = 'a', *len = v, 1;
+	case 0xde: case 0xdf:
+		if (!mp_uint(m, c == 0xde ? 2 : 4, &v))
+			return 0;
+		return *kind = 'm', *len = v, 1;
+	case 0xcc: case 0xcd: case 0xce: case 0xcf:
+		if (!mp_uint(m, 1 << (c - 0xcc), &v))
+			return 0;
+		return *kind = 'n', *num = (double)v, 1;
+	case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+		int bytes = 1 << (c - 0xd0);
+		if (!mp_uint(m, bytes, &v))
+			return 0;
+		if (bytes < 8 && (v >> (bytes * 8 - 1)) & 1)
+			v |= ~0ULL << (bytes * 8); /* sign-extend */
+		return *kind = 'n', *num = (double)(long long)v, 1;
+	}
+	case 0xca: {
+		float f;
+		uint32_t u;
+		if (!mp_uint(m, 4, &v))
+			return 0;
+		u = (uint32_t)v;
+		memcpy(&f, &u, 4);
+		return *kind = 'n', *num = f, 1;
+	}
+	case 0xcb: {
+		double d;
+		if (!mp_uint(m, 8, &v))
+			return 0;
+		memcpy(&d, &v, 8);
+		return *kind = 'n', *num = d, 1;
+	}
+	}
+	return 0; /* fixext/ext and the reserved byte: not the daemon's */
+}
+
+static int mp_skip(struct mp *m, int depth)
+{
+	char kind;
+	size_t len;
+	double num;
+	if (depth > MAX_DEPTH || !mp_next(m, &kind, &len, &num))
+		return 0;
+	if (kind == 's' || kind == 'x') {
+		if ((size_t)(m->end - m->p) < len)
+			return 0;
+		m->p += len;
+	} else if (kind == 'a' || kind == 'm') {
+		for (size_t k = 0; k < len * (kind == 'm' ? 2 : 1); k++)
+			if (!mp_skip(m, depth + 1))
+				return 0;
+	}
+	return 1;
+}
+
+/* What the front reads of a frame. */
+struct answer {
+	int ok, queued, waiting;
+	double progress_s, max_wait_s, max_queued_s; /* < 0: absent */
+	char **argv;				     /* the final answer's, NULL-terminated */
+	const unsigned char *say;
+	size_t say_len;
+};
+
+static int mp_key_is(const unsigned char *k, size_t n, const char *want)
+{
+	return strlen(want) == n && !memcmp(k, want, n);
+}
+
+static int parse_answer(const unsigned char *body, size_t n, struct answer *a)
+{
+	struct mp m = {body, body + n};
+	char kind;
+	size_t len;
+	double num;
+
+	memset(a, 0, sizeof(*a));
+	a->progress_s = a->max_wait_s = a->max_queued_s = -1;
+	if (!mp_next(&m, &kind, &len, &num) || kind != 'm')
+		return 0;
+	for (size_t k = 0; k < len; k++) {
+		size_t klen, vlen;
+		if (!mp_next(&m, &kind, &klen, &num) || kind != 's' ||
+		    (size_t)(m.end - m.p) < klen)
+			return 0;
+		const unsigned char *key = m.p;
+		m.p += klen;
+		const unsigned char *at = m.p;
+		if (!mp_next(&m, &kind, &vlen, &num))
+			return 0;
+		int *flag = mp_key_is(key, klen, "ok")	       ? &a->ok
+			    : mp_key_is(key, klen, "queued")  ? &a->queued
+			    : mp_key_is(key, klen, "waiting") ? &a->waiting
+							      : NULL;
+		double *number = mp_key_is(key, klen, "progress_s")	? &a->progress_s
+				 : mp_key_is(key, klen, "max_wait_s")	? &a->max_wait_s
+				 : mp_key_is(key, klen, "max_queued_s") ? &a->max_queued_s
+									: NULL;
+		if (flag && kind == 'b') {
+			*flag = (int)vlen;
+		} else if (number && kind == 'n') {
+			*number = num;
+		} else if (mp_key_is(key, klen, "say") && kind == 's') {
+			if ((size_t)(m.end - m.p) < vlen)
+				return 0;
+			a->say = m.p, a->say_len = vlen;
+			m.p += vlen;
+		} else if (mp_key_is(key, klen, "argv") && kind == 'a') {
+			if (vlen == 0 || vlen > (size_t)MAX_FRAME)
+				return 0;
+			char **out = calloc(vlen + 2, sizeof(*out));
+			if (!out)
+				return 0;
+			for (size_t i = 0; i < vlen; i++) {
+				size_t slen;
+				if (!mp_next(&m, &kind, &slen, &num) || kind != 's' ||
+				    (size_t)(m.end - m.p) < slen || memchr(m.p, '\0', slen) ||
+				    !(out[i + 1] = strndup((const char *)m.p, slen)))
+					return 0;
+				m.p += slen;
+			}
+			a->argv = out; /* out[0]: the runtime's path, set by runtime() */
+		} else {
+			m.p = at; /* a key we do not read, or a value of another kind */
+			if (!mp_skip(&m, 1))
+				return 0;
+		}
+	}
+	return m.p == m.end;
+}
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Read n bytes by the deadline (ms, monotonic); 0 on EOF, error or time up. */
+static int read_by(int fd, unsigned char *out, size_t n, long long deadline)
+{
+	size_t got = 0;
+	while (got < n) {
+		long long left = deadline - now_ms();
+		if (left <= 0)
+			return 0;
+		struct pollfd p = {fd, POLLIN, 0};
+		int r = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return 0;
+		ssize_t k = read(fd, out + got, n - got);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return 0;
+		got += (size_t)k;
+	}
+	return 1;
+}
+
+static int read_answer(int fd, long long deadline, struct answer *a)
+{
+	static unsigned char body[MAX_FRAME];
+	unsigned char h[4];
+	if (!read_by(fd, h, 4, deadline))
+		return 0;
+	size_t n = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
+	if (n > sizeof(body) || !read_by(fd, body, n, deadline))
+		return 0;
+	if (!parse_answer(body, n, a))
+		return 0;
+	if (a->say_len) /* for the agent: on the call's stderr, before it starts */
+		(void)!write(2, a->say, a->say_len);
+	return a->ok;
+}
+
+/* Connect to the daemon and send the exec op; the socket, or -1. */
+static int send_exec(const struct front *f, const char *config_path)
+{
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	struct buf b = {0};
+	int argc = 0;
+
+	if (strlen(f->socket) >= sizeof(addr.sun_path))
+		return -1;
+	strcpy(addr.sun_path, f->socket);
+	while (args[argc + 1])
+		argc++;
+	if (!put(&b, "\0\0\0\0", 4) || !put_head(&b, 0x80, 15, 0xde, 4) ||
+	    !put_str(&b, "v") || !put(&b, "\x01", 1) || !put_str(&b, "op") ||
+	    !put_str(&b, "exec") || !put_str(&b, "config") || !put_str(&b, config_path) ||
+	    !put_str(&b, "argv") || !put_head(&b, 0x90, 15, 0xdc, (size_t)argc))
+		return free(b.p), -1;
+	for (int k = 1; k <= argc; k++)
+		if (!put_str(&b, args[k]))
+			return free(b.p), -1;
+	size_t n = b.len - 4;
+	if (n > MAX_FRAME)
+		return free(b.p), -1;
+	b.p[0] = (char)(n >> 24), b.p[1] = (char)(n >> 16), b.p[2] = (char)(n >> 8);
+	b.p[3] = (char)n;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+		free(b.p);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	for (size_t off = 0; off < b.len;) { /* a local socket: the daemon reads it whole */
+		ssize_t k = send(fd, b.p + off, b.len - off, MSG_NOSIGNAL);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			free(b.p), close(fd);
+			return -1;
+		}
+		off += (size_t)k;
+	}
+	free(b.p);
+	return fd;
+}
+
+/* The managed exec, through the daemon: becomes runc with the daemon's argv, or Python. */
+static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
+						      const char *config_path, const char *real)
+{
+	struct answer a;
+	long long t0 = now_ms();
+	int fd = send_exec(f, config_path);
+
+	if (fd < 0)
+		python(); /* no daemon: the runtime fails open, with its watcher */
+	if (!read_answer(fd, t0 + f->daemon_timeout_ms, &a))
+		python();
+	if (!a.argv) {
+		if (!a.queued)
+			python();
+		/* A daemon that keeps us informed is waited for (runtime/admit.py's bounds). */
+		double wait = a.max_wait_s >= 0 ? a.max_wait_s : 30;
+		double total = a.progress_s > 0 ? (a.max_queued_s > wait ? a.max_queued_s : wait)
+						: wait;
+		double silence = a.progress_s > 0 ? a.progress_s : wait;
+		long long deadline = now_ms() + (long long)(total * 1000) + SLACK_MS;
+		for (;;) {
+			long long by = now_ms() + (long long)(silence * 1000) + SLACK_MS;
+			if (!read_answer(fd, by < deadline ? by : deadline, &a))
+				python();
+			if (a.argv)
+				break;
+			if (!a.waiting)
+				python();
+		}
+	}
+	close(fd);
+	args = a.argv;
+	runtime(real);
+}
+
 /* ---- the decision ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -658,5 +1071,10 @@ int main(int argc, char **argv)
 		python(); /* the cgroup layout to make (start.py) */
 	if (start)
 		runtime(real);
-	python(); /* exec: a tool call; kill: thaw first */
+	if (exec && exec_flag(i + 1, (const char *const[]){"cgroup", NULL}))
+		runtime(real); /* the caller placed the call itself */
+	if (exec && f.socket &&
+	    !exec_flag(i + 1, (const char *const[]){"console-socket", "tty", "t", NULL}))
+		exec_via_daemon(&f, config_path, real); /* a tool call */
+	python(); /* a TTY call (the terminal relay), or no daemon configured; kill: thaw first */
 }

@@ -366,3 +366,121 @@ def test_the_front_file_is_written_once_and_removed_when_python_must_run(tmp_pat
         frontconf.write(str(front_conf), str(conf), os.stat(conf), cfg, (config.__file__,))
         frontconf.write(str(front_conf), str(conf), os.stat(conf), must_run, (config.__file__,))
         assert not front_conf.exists()
+
+
+# -- a managed exec, handed to the daemon (daemon/exec_op.py) -------------------------------------
+
+
+class FakeDaemon:
+    """The daemon's socket as the front meets it: each connection's request is kept, and the
+    frames of `script` (maps, or raw bytes) are sent in turn; None: hang up. Silent (empty
+    script): it reads and never answers."""
+
+    def __init__(self, path: Path, script: list[object]) -> None:
+        import socket
+        import threading
+
+        self.path, self.script, self.requests = path, script, []
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        self.sock.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import struct
+
+        import msgpack
+
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            head = conn.recv(4, 0x100)  # MSG_WAITALL
+            (n,) = struct.unpack(">I", head)
+            body = b""
+            while len(body) < n:
+                body += conn.recv(n - len(body))
+            self.requests.append(msgpack.unpackb(body, raw=False))
+            if not self.script:
+                conn.recv(1)  # until the front hangs up
+                return
+            for frame in self.script:
+                if frame is None:
+                    return
+                blob = frame if isinstance(frame, bytes) else msgpack.packb(frame)
+                conn.sendall(struct.pack(">I", len(blob)) + blob)
+            conn.recv(1)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _managed_exec(box: Box, script: list[object], *argv: str, timeout_ms: int = 300
+                  ) -> tuple[str, list[bytes], bytes, FakeDaemon]:
+    sock = box.root / "d.sock"
+    box.configure(socket=str(sock), daemon_timeout_ms=timeout_ms)
+    box.record("box", {"id": "box", "managed": True, "prepared": True})
+    daemon = FakeDaemon(sock, script)
+    try:
+        for out in (box.runc_out, box.python_out):
+            out.unlink(missing_ok=True)
+        p = subprocess.run([str(box.front), *argv], env=box.env, capture_output=True,
+                           timeout=20)
+        assert p.returncode == 0, p.stderr
+        who = "runc" if box.runc_out.exists() else "python"
+        args = (box.runc_out if who == "runc" else box.python_out).read_bytes()
+        return who, args.partition(b"\n")[0].split(b"\0"), p.stderr, daemon
+    finally:
+        daemon.close()
+
+
+EXEC = ["--root", "/run/r", "--log", "/l.json", "exec", "--process", "/p.json", "--detach",
+        "--pid-file", "/pid", "box"]
+
+
+def test_a_managed_exec_runs_the_argv_the_daemon_answers_with_no_python(box: Box) -> None:
+    placed = [*EXEC[:5], "--cgroup", "tool-0123456789ab", *EXEC[5:]]
+    who, args, err, daemon = _managed_exec(box, [
+        {"v": 1, "ok": True, "queued": True, "max_wait_s": 30.0, "progress_s": 10.0,
+         "max_queued_s": 600, "say": ""},
+        {"v": 1, "ok": True, "waiting": True, "say": "[execgate] waiting 10s\n"},
+        {"v": 1, "ok": True, "admitted": True, "argv": placed,
+         "say": "[execgate] waited 12s\n"}], *EXEC)
+    assert who == "runc" and args == [str(box.runc).encode(), *(a.encode() for a in placed)]
+    assert err == b"[execgate] waiting 10s\n[execgate] waited 12s\n"
+    (req,) = daemon.requests
+    assert req == {"v": 1, "op": "exec", "config": str(box.conf), "argv": EXEC}
+
+
+@pytest.mark.parametrize("script", [
+    [{"v": 1, "ok": False, "error": "a TTY call is the runtime's"}],
+    [{"v": 1, "ok": True, "queued": True, "max_wait_s": 30.0}, None],  # died while waiting
+    [b"\xc1 not msgpack"],
+    [{"v": 1, "ok": True, "argv": ["exec", 7]}],  # an argv that is not all strings
+    [{"v": 1, "ok": True}],  # neither queued nor an argv
+    [],  # silent: the budget passes
+])
+def test_a_daemon_that_does_not_place_the_exec_leaves_it_to_python(
+        box: Box, script: list[object]) -> None:
+    who, args, _err, daemon = _managed_exec(box, script, *EXEC)
+    assert who == "python" and args == [str(box.python).encode(), *(a.encode() for a in EXEC)]
+    assert len(daemon.requests) == 1
+
+
+def test_a_tty_exec_or_a_placed_one_never_asks_the_daemon(box: Box) -> None:
+    tty = [*EXEC[:5], "--console-socket", "/c.sock", *EXEC[5:]]
+    who, _args, _err, daemon = _managed_exec(box, [], *tty)
+    assert who == "python" and daemon.requests == []
+    placed = [*EXEC[:5], "--cgroup=tool-x", *EXEC[5:]]
+    who, args, _err, daemon = _managed_exec(box, [], *placed)
+    assert who == "runc" and daemon.requests == []
+    assert args[1:] == [a.encode() for a in placed]
+
+
+def test_without_a_daemon_a_managed_exec_goes_to_python_at_once(box: Box) -> None:
+    box.configure(socket=str(box.root / "none.sock"))
+    box.record("box", {"id": "box", "managed": True, "prepared": True})
+    box.expect("python", *EXEC)

@@ -1,0 +1,158 @@
+"""The `exec` op: a managed tool call the compiled front hands over, so no Python starts per call.
+
+The front (runtime/front.c) sends a managed non-TTY `runc exec` argv. The daemon does what the
+runtime's exec handler would (calls/placement.py): it reads the call, admits it in the `admit`
+conversation (`queued`, `waiting` frames), makes its cgroup, and answers the argv the front
+execve()s runc with. Whatever the agent is to be told before the call starts travels as `say`
+text, which the front writes to the call's stderr. The peer (SO_PEERCRED) is the process that
+becomes runc. Its pidfd is the follower's runtime pidfd, and its stderr (pidfd_getfd, reopened
+non-blocking) is the call's. The call is then followed to its end in a thread (calls/follow.py)
+instead of by a watcher process.
+
+Every refusal is an error frame, and the front then starts the Python runtime, which decides and
+fails open as before. That covers a TTY call, another config, and a failure to place the call.
+A call whose placement fails before the answer is sent ends its charge with the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from execgate.calls import feedback, follow, placement
+from execgate.cgroups import v2
+from execgate.common import protocol
+from execgate.common.config import DEFAULT_PATH, Config
+from execgate.oci import cli
+from execgate.policy.admission import Decision
+
+from .inside.procfs import take_stderr
+from .server import Conn
+
+log = logging.getLogger("execgated.exec")
+
+Converse = Callable[..., Awaitable[dict[str, Any] | None]]
+PROGRESS_S = 10.0  # as the runtime asks (runtime/admit.py): the agent told every 10 s
+
+
+def _argv_error(msg: dict[str, Any]) -> str | None:
+    argv = msg.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return "exec needs 'argv', a non-empty list of strings"
+    if not isinstance(msg.get("config"), str):
+        return "exec needs 'config', the runtime's config path"
+    return None
+
+
+class ExecOp:
+    def __init__(self, cfg: Callable[[], Config], engine: Any, converse: Converse) -> None:
+        self.cfg = cfg  # the daemon's current config (a SIGHUP may replace it)
+        self.engine = engine
+        self.converse = converse
+        self.followers = 0  # calls followed to their end right now (status)
+        self._lock = threading.Lock()
+
+    async def handle(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
+        error = _argv_error(msg)
+        if error:
+            return protocol.reply(False, error=error)
+        cfg = self.cfg()
+        if os.path.abspath(msg["config"]) != os.path.abspath(cfg.path or DEFAULT_PATH):
+            return protocol.reply(False, error="the runtime reads another config than the "
+                                               "daemon: its own runtime places the call")
+        if conn.peer_pid is None:
+            return protocol.reply(False, error="no peer pid")
+        inv = cli.parse(list(msg["argv"]))
+        if inv.command != "exec":
+            return protocol.reply(False, error="exec takes a runc exec argv")
+        told: list[str] = []
+        p = await asyncio.to_thread(placement.plan, cfg, inv, log, told.append)
+        if p is None:  # not execgate's to place: run as it is
+            return protocol.reply(True, argv=inv.argv, say="".join(told))
+        if p.call.tty:
+            return protocol.reply(False, error="a TTY call is the runtime's (terminal relay)")
+        call = p.call
+        request = {**call.admit_request(), "progress_s": PROGRESS_S}
+
+        async def admitted(d: Decision) -> None:
+            call.admitted(True, round(float(d.waited_s), 3), bool(d.forced))
+            say = ""
+            if call.waited_s >= 2.0 and feedback.should_report_delay(call.waited_s):
+                say = feedback.admission_delayed(call.waited_s)
+            out, runtime_pidfd, stderr = await asyncio.to_thread(
+                self._place, cfg, p, conn.peer_pid)
+            try:
+                await conn.send(protocol.reply(True, admitted=True, argv=out, say=say))
+            except BaseException:
+                self._let_go(call, runtime_pidfd, stderr)
+                raise
+            call.start = time.time()
+            self._follow(cfg, call, runtime_pidfd, p.flags.get("pid-file"), stderr)
+
+        def waiting(frame: dict[str, Any]) -> dict[str, Any]:
+            return {"say": feedback.admission_waiting(float(frame.get("waited_s") or 0.0),
+                                                      str(frame.get("reason") or ""))}
+
+        return await self.converse(request, conn, admitted, {"say": "".join(told)}, waiting)
+
+    @staticmethod
+    def _place(cfg: Config, p: placement.Plan, pid: int) -> tuple[list[str], int, int | None]:
+        """The call's cgroup made; the argv, the peer's pidfd and the call's stderr."""
+        runtime_pidfd = os.pidfd_open(pid)  # the peer waits for our answer: it is alive
+        try:
+            out = placement.place(cfg, p, log)
+        except BaseException:
+            os.close(runtime_pidfd)
+            raise
+        return out, runtime_pidfd, take_stderr(pid)
+
+    @staticmethod
+    def _let_go(call: Any, runtime_pidfd: int, stderr: int | None) -> None:
+        """The front never heard the argv: nothing runs in the cgroup made for it."""
+        os.close(runtime_pidfd)
+        if stderr is not None:
+            os.close(stderr)
+        v2.remove(call.cgroup)
+
+    def _follow(self, cfg: Config, call: Any, runtime_pidfd: int, pid_file: str | None,
+                stderr: int | None) -> None:
+        loop = asyncio.get_running_loop()
+
+        def done(c: Any) -> dict[str, Any] | None:
+            async def end() -> dict[str, Any]:
+                return self.engine.done(c.call)
+
+            try:
+                return asyncio.run_coroutine_threadsafe(end(), loop).result(timeout=30)
+            except Exception:  # noqa: BLE001 - the loop is closing: the note goes without it
+                return None
+
+        def run() -> None:
+            with self._lock:
+                self.followers += 1
+            try:
+                try:
+                    pidfds, _ = follow.wait_runtime(runtime_pidfd, call.cgroup,
+                                                    int(call.oom_score_adj or 0))
+                finally:
+                    os.close(runtime_pidfd)
+            except Exception:  # one call's follower, never the daemon; the stream ends
+                log.exception("call %s: follower failed", call.call)
+                if stderr is not None:
+                    os.close(stderr)
+                return
+            try:
+                follow.follow(call, pidfds, pid_file, cfg.journal, log, stderr, done)
+            except Exception:  # follow() has let go of stderr, whatever failed
+                log.exception("call %s: follower failed", call.call)
+            finally:
+                with self._lock:
+                    self.followers -= 1
+
+        threading.Thread(target=run, name=f"follow-{call.call}", daemon=True).start()
+

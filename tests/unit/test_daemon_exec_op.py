@@ -1,0 +1,173 @@
+"""The daemon's exec op (daemon/exec_op.py): a managed call placed and followed with no runtime
+Python, over the real socket server and engine on a temp domain (test_daemon_admit's).
+
+The peer is a process of its own, as the compiled front is: the daemon takes its pidfd and its
+stderr (pidfd_getfd). Here it prints the argv it was answered and exits, as runc would once a
+`--detach` call has started; the call's cgroup (a temp dir: nothing runs in it) is then empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from test_daemon_admit import daemon
+
+from execgate.common.config import DEFAULT_PATH
+from execgate.common.units import MiB
+
+PEER = r"""
+import json, socket, struct, sys
+import msgpack
+path, request = sys.argv[1], json.loads(sys.argv[2])
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+body = msgpack.packb(request, use_bin_type=True)
+s.sendall(struct.pack(">I", len(body)) + body)
+frames = []
+while True:
+    head = b""
+    while len(head) < 4:
+        chunk = s.recv(4 - len(head))
+        if not chunk:
+            break
+        head += chunk
+    if len(head) < 4:
+        break
+    (n,) = struct.unpack(">I", head)
+    body = b""
+    while len(body) < n:
+        body += s.recv(n - len(body))
+    frame = msgpack.unpackb(body, raw=False)
+    frames.append(frame)
+    if frame.get("say"):
+        sys.stderr.write(frame["say"])
+    if "argv" in frame or not frame.get("ok"):
+        break
+print(json.dumps(frames))
+"""
+
+
+def _spec(tmp: Path, args: list[str], env: list[str], terminal: bool = False) -> str:
+    path = tmp / "process.json"
+    path.write_text(json.dumps({"args": args, "env": env, "terminal": terminal, "cwd": "/"}))
+    return str(path)
+
+
+async def _peer(path: str, request: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    p = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PEER, path, json.dumps(request),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(p.communicate(), 10)
+    assert p.returncode == 0, err.decode()
+    return json.loads(out), err.decode()
+
+
+def _exec(argv_tail: list[str], config: str = DEFAULT_PATH) -> dict[str, Any]:
+    return {"v": 1, "op": "exec", "config": config,
+            "argv": ["--root", "/run/x", "exec", *argv_tail]}
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_a_managed_call_is_placed_admitted_and_followed_to_its_journal_line(
+        tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            (d.box / "init").mkdir()
+            spec = _spec(tmp_path, ["pytest", "-q"], ["AGENT_RESOURCE_HINT=mem=100m"])
+            frames, err = await _peer(d.path, _exec(
+                ["--detach", "--process", spec, "--pid-file", str(tmp_path / "pid"), "box"]))
+            queued, final = frames
+            assert queued["queued"] is True and queued["peak"] == 100 * MiB
+            assert final["ok"] is True and final["admitted"] is True
+            i = final["argv"].index("--cgroup")
+            name = final["argv"][i + 1]
+            assert final["argv"][:3] == ["--root", "/run/x", "exec"]
+            assert final["argv"][-1] == "box" and name.startswith("tool-")
+            # The peer has exited (runc gone, nothing in the cgroup): the follower ends the
+            # call, journals it and removes its cgroup.
+            journal = Path(d.engine.cfg.journal)
+            await _until(lambda: journal.exists() and name in journal.read_text())
+            (entry,) = [json.loads(line) for line in journal.read_text().splitlines()]
+            assert entry["call"] == name and entry["argv"] == ["pytest", "-q"]
+            assert entry["managed"] is True
+            await _until(lambda: not (d.box / name).exists())
+            assert await d.admission() == {"queued": [], "running": []}
+            assert d.engine.calls == {}
+            assert err == ""
+
+    asyncio.run(scenario())
+
+
+def test_what_the_daemon_does_not_place_is_refused_or_passed_back(tmp_path: Path) -> None:
+    """A TTY call and another config go back to the runtime (an error: the front starts
+    Python); an unmanaged container's exec is answered unchanged."""
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            (d.box / "init").mkdir()
+            tty = _spec(tmp_path, ["sh"], [], terminal=True)
+            (frame,), _ = await _peer(d.path, _exec(["--detach", "--process", tty, "box"]))
+            assert frame["ok"] is False and "TTY" in frame["error"]
+            (frame,), _ = await _peer(d.path, _exec(["box", "true"], config="/etc/other.toml"))
+            assert frame["ok"] is False and "config" in frame["error"]
+            argv = ["--detach", "--process", tty, "not-ours"]
+            (frame,), _ = await _peer(d.path, _exec(argv))
+            assert frame["ok"] is True and frame["argv"] == _exec(argv)["argv"]
+            (frame,), _ = await _peer(d.path, {"v": 1, "op": "exec", "argv": "exec box"})
+            assert frame["ok"] is False and "argv" in frame["error"]
+            assert d.engine.calls == {} and not [p for p in d.box.iterdir()
+                                                 if p.name.startswith("tool-")]
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_hint_is_told_on_the_calls_stderr_by_the_front(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            (d.box / "init").mkdir()
+            spec = _spec(tmp_path, ["make"], ["AGENT_RESOURCE_HINT=mem=lots"])
+            frames, err = await _peer(d.path, _exec(["--detach", "--process", spec, "box"]))
+            assert frames[-1]["ok"] is True and "--cgroup" in frames[-1]["argv"]
+            assert "[execgate]" in err and "lots" in err
+
+    asyncio.run(scenario())
+
+
+def test_a_peer_gone_before_its_answer_leaves_no_charge_and_no_cgroup(tmp_path: Path) -> None:
+    """A call that waits for room, whose front dies: nothing placed, nothing charged."""
+    async def scenario() -> None:
+        async with daemon(tmp_path, budget=256 * MiB, used=64 * MiB) as d:
+            (d.box / "init").mkdir()
+            await d.running(1, 150 * MiB)  # holds most of the room
+            spec = _spec(tmp_path, ["pytest"], ["AGENT_RESOURCE_HINT=mem=150m"])
+            p = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", PEER, d.path,
+                json.dumps(_exec(["--detach", "--process", spec, "box"])),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            for _ in range(100):
+                if len((await d.admission())["queued"]) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert len((await d.admission())["queued"]) == 1
+            p.kill()
+            await p.wait()
+            for _ in range(100):
+                if not (await d.admission())["queued"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert await d.admission() == {"queued": [], "running": ["tool-000000000001"]}
+            assert not [x for x in d.box.iterdir() if x.name.startswith("tool-")
+                        and x.name != "tool-000000000001"]
+
+    asyncio.run(scenario())
+
