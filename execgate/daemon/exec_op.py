@@ -17,6 +17,7 @@ A call whose placement fails before the answer is sent ends its charge with the 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -25,8 +26,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from execgate.calls import feedback, follow, placement
-from execgate.cgroups import v2
-from execgate.common import protocol
+from execgate.calls.record import ToolCall
+from execgate.cgroups import container, v2
+from execgate.common import protocol, records
 from execgate.common.config import DEFAULT_PATH, Config
 from execgate.oci import cli
 from execgate.policy.admission import Decision
@@ -37,6 +39,9 @@ from .server import Conn
 log = logging.getLogger("execgated.exec")
 
 Converse = Callable[..., Awaitable[dict[str, Any] | None]]
+# On a placed call's tool cgroup: the call in its journal form, for a restarted daemon to follow
+# it to its journal line (the stream is gone with the daemon that held it; the rest is not).
+MARK = "trusted.execgate.placed"
 PROGRESS_S = 10.0  # as the runtime asks (runtime/admit.py): the agent told every 10 s
 
 
@@ -54,10 +59,21 @@ class ExecOp:
         self.cfg = cfg  # the daemon's current config (a SIGHUP may replace it)
         self.engine = engine
         self.converse = converse
-        self.followers = 0  # calls followed to their end right now (status)
+        # For status: calls placed for the front, being followed now, and sent back to
+        # the runtime (refused: a TTY call, another config, an error).
+        self.placed = self.followers = self.refused = 0
         self._lock = threading.Lock()
 
+    def snapshot(self) -> dict[str, int]:
+        return {"placed": self.placed, "following": self.followers, "refused": self.refused}
+
     async def handle(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
+        answer = await self._handle(msg, conn)
+        if answer is not None and not answer.get("ok"):
+            self.refused += 1
+        return answer
+
+    async def _handle(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         error = _argv_error(msg)
         if error:
             return protocol.reply(False, error=error)
@@ -92,6 +108,7 @@ class ExecOp:
                 self._let_go(call, runtime_pidfd, stderr)
                 raise
             call.start = time.time()
+            self.placed += 1
             self._follow(cfg, call, runtime_pidfd, p.flags.get("pid-file"), stderr)
 
         def waiting(frame: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +116,28 @@ class ExecOp:
                                                       str(frame.get("reason") or ""))}
 
         return await self.converse(request, conn, admitted, {"say": "".join(told)}, waiting)
+
+    def recover(self) -> int:
+        """After a restart: follow again the calls a previous daemon placed (marked), once the
+        engine has adopted the running ones; how many."""
+        cfg, n, done = self.cfg(), 0, self._done_fn()
+        for rec in records.containers(cfg.state_dir):
+            if not rec.get("managed") or not isinstance(rec.get("cgroup"), str):
+                continue
+            for tool in container.tool_cgroups(rec["cgroup"]):
+                try:
+                    call = ToolCall.from_journal(json.loads(os.getxattr(tool, MARK)))
+                except (OSError, ValueError, TypeError, AttributeError):
+                    continue
+                call.cgroup, call.call, call.adopted = tool, os.path.basename(tool), True
+                call.managed = call.call in self.engine.calls
+                call.waited_s = call.waited_s or 0.0
+                call.forced = bool(call.forced)
+                call.start = call.start or call.arrival or time.time()
+                self._thread(call, lambda c=call: follow.follow(
+                    c, {}, None, cfg.journal, log, None, done))
+                n += 1
+        return n
 
     @staticmethod
     def _place(cfg: Config, p: placement.Plan, pid: int) -> tuple[list[str], int, int | None]:
@@ -112,18 +151,18 @@ class ExecOp:
         return out, runtime_pidfd, take_stderr(pid)
 
     @staticmethod
-    def _let_go(call: Any, runtime_pidfd: int, stderr: int | None) -> None:
+    def _let_go(call: ToolCall, runtime_pidfd: int, stderr: int | None) -> None:
         """The front never heard the argv: nothing runs in the cgroup made for it."""
         os.close(runtime_pidfd)
         if stderr is not None:
             os.close(stderr)
         v2.remove(call.cgroup)
 
-    def _follow(self, cfg: Config, call: Any, runtime_pidfd: int, pid_file: str | None,
-                stderr: int | None) -> None:
+    def _done_fn(self) -> Callable[[ToolCall], dict[str, Any] | None]:
+        """engine.done, for a follower thread: run on the loop, whose state it is."""
         loop = asyncio.get_running_loop()
 
-        def done(c: Any) -> dict[str, Any] | None:
+        def done(c: ToolCall) -> dict[str, Any] | None:
             async def end() -> dict[str, Any]:
                 return self.engine.done(c.call)
 
@@ -132,23 +171,15 @@ class ExecOp:
             except Exception:  # noqa: BLE001 - the loop is closing: the note goes without it
                 return None
 
+        return done
+
+    def _thread(self, call: ToolCall, body: Callable[[], None]) -> None:
         def run() -> None:
             with self._lock:
                 self.followers += 1
             try:
-                try:
-                    pidfds, _ = follow.wait_runtime(runtime_pidfd, call.cgroup,
-                                                    int(call.oom_score_adj or 0))
-                finally:
-                    os.close(runtime_pidfd)
-            except Exception:  # one call's follower, never the daemon; the stream ends
-                log.exception("call %s: follower failed", call.call)
-                if stderr is not None:
-                    os.close(stderr)
-                return
-            try:
-                follow.follow(call, pidfds, pid_file, cfg.journal, log, stderr, done)
-            except Exception:  # follow() has let go of stderr, whatever failed
+                body()
+            except Exception:  # one call's follower, never the daemon
                 log.exception("call %s: follower failed", call.call)
             finally:
                 with self._lock:
@@ -156,3 +187,25 @@ class ExecOp:
 
         threading.Thread(target=run, name=f"follow-{call.call}", daemon=True).start()
 
+    def _follow(self, cfg: Config, call: ToolCall, runtime_pidfd: int, pid_file: str | None,
+                stderr: int | None) -> None:
+        try:
+            os.setxattr(call.cgroup, MARK, json.dumps(call.journal()).encode())
+        except OSError:
+            pass  # only a restart needs it
+        done = self._done_fn()
+
+        def body() -> None:
+            try:
+                try:
+                    pidfds, _ = follow.wait_runtime(runtime_pidfd, call.cgroup,
+                                                    int(call.oom_score_adj or 0))
+                finally:
+                    os.close(runtime_pidfd)
+            except BaseException:
+                if stderr is not None:  # the stream must end
+                    os.close(stderr)
+                raise
+            follow.follow(call, pidfds, pid_file, cfg.journal, log, stderr, done)
+
+        self._thread(call, body)

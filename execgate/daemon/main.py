@@ -180,6 +180,7 @@ class Daemon:
         if self.inside is not None:
             snap["daemon"]["inside"] = self.inside.snapshot()
         snap["daemon"]["config"] = self.reloader.snapshot()
+        snap["daemon"]["exec"] = self.exec.snapshot()
         snap["daemon"]["calls"] = self.metrics.calls()
         return protocol.reply(True, status=snap, pid=os.getpid())
 
@@ -344,6 +345,9 @@ async def run(cfg: config_mod.Config) -> None:
                     refuse_peer=daemon.refuse_peer)
     await server.start()
     log.info("listening on %s", cfg.socket)
+    followed = daemon.exec.recover()  # calls a previous daemon placed: to their journal lines
+    if followed:
+        log.info("following again %d calls placed before the restart", followed)
     inside = InsideAgents(cfg, settings, engine)  # tools spawned by agents inside sandboxes
     inside.start()
     daemon.inside = inside

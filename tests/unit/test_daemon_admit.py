@@ -67,6 +67,7 @@ class Peer:
 class Running:
     def __init__(self, path: str, engine: Engine, clock: Clock, tmp: Path) -> None:
         self.path, self.engine, self.clock, self.tmp = path, engine, clock, tmp
+        self.daemon: Daemon | None = None  # set by daemon()
         # The managed container "box", its cgroup inside the domain, as `create` records it.
         self.box = tmp / "domain" / "box"
         self.box.mkdir(exist_ok=True)
@@ -125,8 +126,10 @@ async def daemon(tmp: Path, budget: int = 1024 * MiB, used: int = 64 * MiB
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.create_task(d.control_loop(stop))
+    running = Running(server.path, engine, clock, tmp)
+    running.daemon = d
     try:
-        yield Running(server.path, engine, clock, tmp)
+        yield running
     finally:
         stop.set()
         engine.wake.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -171,3 +172,35 @@ def test_a_peer_gone_before_its_answer_leaves_no_charge_and_no_cgroup(tmp_path: 
 
     asyncio.run(scenario())
 
+
+
+def test_a_restarted_daemon_follows_the_calls_it_placed_to_their_journal_lines(
+        tmp_path: Path) -> None:
+    """The follower dies with its daemon; the call's mark (its journal form, on its cgroup)
+    lets the next daemon end it: the journal line written, the cgroup removed."""
+    import pytest
+
+    from execgate.calls.record import ToolCall
+    from execgate.daemon.exec_op import MARK
+
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            tool = d.box / "tool-00000000abcd"
+            tool.mkdir()
+            call = ToolCall(tool.name, "box", "box", str(tool), ["make", "-j8"])
+            call.admitted(True, 0.5)
+            call.start = 100.0
+            try:
+                os.setxattr(tool, MARK, json.dumps(call.journal()).encode())
+            except OSError as e:
+                pytest.skip(f"no trusted xattrs here: {e}")
+            (d.box / "tool-00000000beef").mkdir()  # not ours (no mark): left alone
+            assert d.daemon is not None and d.daemon.exec.recover() == 1
+            journal = Path(d.engine.cfg.journal)
+            await _until(lambda: journal.exists() and tool.name in journal.read_text())
+            (entry,) = [json.loads(line) for line in journal.read_text().splitlines()]
+            assert entry["argv"] == ["make", "-j8"] and entry["start"] == 100.0
+            await _until(lambda: not tool.exists())
+            assert (d.box / "tool-00000000beef").exists()
+
+    asyncio.run(scenario())
