@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import os
 
-from execgate.cgroups import container, v2
+from execgate.cgroups import sandbox
 from execgate.common import records
 
 from .context import Context
-
-TYPE_CHECKING = False  # typing's, without importing typing on the runtime path
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def handle(ctx: Context) -> list[str]:
@@ -26,7 +22,7 @@ def handle(ctx: Context) -> list[str]:
     rec = records.load_container(ctx.config.state_dir, flags.positionals[0]) \
         if flags.positionals else None
     if rec:
-        thaw_ours(rec)
+        sandbox.thaw_ours(rec)
         if rec.get("managed") and _ends(flags.positionals[1:2]):
             _release(ctx, flags.positionals[0])
     return ctx.inv.argv
@@ -54,11 +50,3 @@ def _release(ctx: Context, cid: str) -> None:
     except (OSError, protocol.ProtocolError) as e:
         ctx.log.warning(f"kill {cid}: the daemon did not release its calls: {e}")
 
-
-def thaw_ours(rec: dict[str, Any]) -> None:
-    """Thaw what execgate froze in a managed container (init/, tool calls); the engine's own
-    pause (the container's cgroup) is left alone."""
-    if rec.get("managed") and rec.get("cgroup"):
-        container.thaw_init(rec["cgroup"])
-        for tool in container.tool_cgroups(rec["cgroup"]):
-            v2.thaw(tool)

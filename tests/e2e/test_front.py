@@ -1,5 +1,6 @@
 """The compiled front (runtime/front.c) as install.sh leaves it: the installed execgate, which
-hands a passthrough to runc without starting Python, and Python's work to execgate-py."""
+hands a passthrough to runc and a managed non-TTY exec to the daemon without starting Python,
+and the rest of Python's work to execgate-py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,20 @@ import os
 import subprocess
 import time
 
-from conftest import CONFIG, STATE_DIR, Containers, docker
+from conftest import (
+    CONFIG,
+    STATE_DIR,
+    Containers,
+    container_cgroup,
+    ctl_status,
+    daemon_up,
+    docker,
+    journal_for,
+    on_terminal,
+    systemctl,
+    tool_cgroups,
+    wait_for,
+)
 
 PREFIX = "/opt/execgate/bin"
 EXECGATE = "/usr/local/bin/execgate"
@@ -47,5 +61,48 @@ def test_passthrough_needs_no_python(containers: Containers) -> None:
     assert state.returncode != 0 and state.stderr  # runc's own answer
     assert "execgate-py" not in state.stderr, state.stderr
     assert "sleep" in ps
-    # A call with work to do (an exec in a managed container) went to Python.
-    assert docker("exec", cid, "cat", "/proc/self/cgroup").stdout.startswith(b"0::/tool-")
+
+
+def test_a_tool_call_is_placed_by_the_daemon_with_no_python(containers: Containers) -> None:
+    """A managed exec goes to the daemon (the exec op): with execgate-py unable to start it
+    still runs in its own tool cgroup, is journaled and its cgroup removed; a TTY call is the
+    Python runtime's (the terminal relay)."""
+    cid = containers.run()
+    _settle()
+    placed = ctl_status()["daemon"]["exec"]["placed"]
+    py = os.path.join(PREFIX, "execgate-py")
+    mode = os.stat(py).st_mode
+    os.chmod(py, 0o644)
+    try:
+        out = docker("exec", cid, "cat", "/proc/self/cgroup").stdout
+    finally:
+        os.chmod(py, mode)
+    assert out.startswith(b"0::/tool-"), out
+    call = out.decode().strip().rsplit("/", 1)[-1]
+    assert ctl_status()["daemon"]["exec"]["placed"] == placed + 1
+    wait_for(lambda: any(e["call"] == call for e in journal_for(cid)), what="its journal line")
+    (entry,) = [e for e in journal_for(cid) if e["call"] == call]
+    assert entry["exit_code"] == 0 and entry["managed"] is True
+    wait_for(lambda: call not in tool_cgroups(container_cgroup(cid)), what="its cgroup gone")
+    rc, text = on_terminal(["docker", "exec", "-t", cid, "cat", "/proc/self/cgroup"])
+    assert rc == 0 and b"0::/tool-" in text, text
+    assert ctl_status()["daemon"]["exec"]["placed"] == placed + 1  # not the daemon's
+
+
+def test_a_call_the_daemon_placed_is_journaled_after_the_daemon_dies(
+        containers: Containers) -> None:
+    """kill -9 while a placed call runs: the call goes on, and the restarted daemon follows it
+    to its journal line (the mark on its cgroup)."""
+    cid = containers.run()
+    _settle()
+    t0 = time.monotonic()
+    docker("exec", "-d", cid, "sleep", "20")
+    wait_for(lambda: ctl_status()["daemon"]["exec"]["following"] >= 1, what="the call followed")
+    (call,) = tool_cgroups(container_cgroup(cid))
+    systemctl("kill", "-s", "KILL", "execgated")
+    wait_for(daemon_up, timeout=120, what="execgated to be restarted")
+    assert call in tool_cgroups(container_cgroup(cid))  # still running
+    wait_for(lambda: any(e["call"] == call for e in journal_for(cid)), timeout=120,
+             what="its journal line")
+    assert time.monotonic() - t0 >= 15  # not before it ended
+    wait_for(lambda: call not in tool_cgroups(container_cgroup(cid)), what="its cgroup gone")

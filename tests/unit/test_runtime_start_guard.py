@@ -25,7 +25,8 @@ from execgate.runtime.context import Context
 state_dir, log = sys.argv[1:3]
 ctx = Context(inv=cli.parse(["start", "box"]), config=Config(state_dir=state_dir),
               log=RuncLog(log, "json"), runc="/bin/true")
-start._prepare(ctx, "box")
+from execgate.cgroups import sandbox
+sandbox.prepare(ctx.config, "box", ctx.log, start._thaw_guard)
 """
 
 

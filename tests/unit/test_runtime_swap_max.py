@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from execgate.cgroups import container
+from execgate.cgroups.sandbox import _swap_max as swap_max
 from execgate.common.config import Config
 from execgate.daemon import settings
-from execgate.runtime import start
 
 
 @pytest.mark.parametrize(("raw", "value"), [
@@ -40,6 +40,10 @@ class Ctx:
         self.log = Log()
 
 
+def _swap_max(ctx: Ctx, cg: str) -> None:
+    swap_max(ctx.config, cg, ctx.log)  # type: ignore[arg-type]
+
+
 def _cg(tmp_path: Path) -> Path:
     cg = tmp_path / "ctr"
     (cg / "init").mkdir(parents=True)
@@ -51,31 +55,31 @@ def _cg(tmp_path: Path) -> Path:
 def test_written_on_init_not_on_the_containers_cgroup(tmp_path: Path) -> None:
     cg = _cg(tmp_path)
     ctx = Ctx({"residency": {"swap_max": "256m"}})
-    start._swap_max(ctx, str(cg))  # type: ignore[arg-type]
+    _swap_max(ctx, str(cg))  # type: ignore[arg-type]
     assert (cg / "init" / "memory.swap.max").read_text() == str(256 << 20)
     assert (cg / "memory.swap.max").read_text() == "max\n"  # the engine's
     (cg / "init" / "memory.swap.max").write_text("")  # a regular file is not truncated by write
-    start._swap_max(Ctx({"residency": {"swap_max": 0}}), str(cg))  # type: ignore[arg-type]
+    _swap_max(Ctx({"residency": {"swap_max": 0}}), str(cg))  # type: ignore[arg-type]
     assert (cg / "init" / "memory.swap.max").read_text() == "0"
     (cg / "init" / "memory.swap.max").write_text("")
-    start._swap_max(Ctx({}), str(cg))  # type: ignore[arg-type]  # the default
+    _swap_max(Ctx({}), str(cg))  # type: ignore[arg-type]  # the default
     assert (cg / "init" / "memory.swap.max").read_text() == "max"
 
 
 def test_unset_bad_or_unsupported_writes_nothing_and_never_fails(tmp_path: Path) -> None:
     cg = _cg(tmp_path)
-    start._swap_max(Ctx({"residency": {"swap_max": ""}}), str(cg))  # type: ignore[arg-type]
+    _swap_max(Ctx({"residency": {"swap_max": ""}}), str(cg))  # type: ignore[arg-type]
     assert (cg / "init" / "memory.swap.max").read_text() == "max\n"
     bad = Ctx({"residency": {"swap_max": "lots"}})
-    start._swap_max(bad, str(cg))  # type: ignore[arg-type]
+    _swap_max(bad, str(cg))  # type: ignore[arg-type]
     assert (cg / "init" / "memory.swap.max").read_text() == "max\n"
     assert "swap_max 'lots' not applied" in bad.log.lines[0]
     (cg / "init" / "memory.swap.max").unlink()  # no swap accounting in this kernel
     quiet = Ctx({})
-    start._swap_max(quiet, str(cg))  # type: ignore[arg-type]
+    _swap_max(quiet, str(cg))  # type: ignore[arg-type]
     assert quiet.log.lines == []  # "max" is what it has anyway
     loud = Ctx({"residency": {"swap_max": "1g"}})
-    start._swap_max(loud, str(cg))  # type: ignore[arg-type]
+    _swap_max(loud, str(cg))  # type: ignore[arg-type]
     assert len(loud.log.lines) == 1
 
 
