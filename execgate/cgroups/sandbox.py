@@ -64,6 +64,16 @@ def _swap_max(cfg: Config, cg: str, log: Log) -> None:
         log.warning(f"{cg}: [residency] swap_max {raw!r} not applied: {e}")
 
 
+# The signals an engine stops a container with (runc kill's default is SIGTERM).
+STOPPING = ("TERM", "INT", "QUIT", "KILL", "15", "2", "3", "9")
+
+
+def stops(signal: list[str]) -> bool:
+    """Whether `runc kill ID [SIGNAL]` (signal: its [SIGNAL]) stops the container: its calls
+    are then released by the growth gate, not held (protocol op `release`)."""
+    return (signal[0] if signal else "TERM").upper().removeprefix("SIG") in STOPPING
+
+
 def thaw_ours(rec: dict[str, Any]) -> None:
     """Thaw what execgate froze in a managed container (init/, tool calls); the engine's own
     pause (the container's cgroup) is left alone."""

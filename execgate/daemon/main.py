@@ -29,6 +29,7 @@ from . import status
 from .engine import Engine
 from .exec_op import ExecOp
 from .inside.agents import InsideAgents
+from .lifecycle_op import LifecycleOp
 from .metrics import Metrics
 from .reload import Reloader
 from .sandboxes import within
@@ -148,10 +149,11 @@ class Daemon:
         self.reloader = Reloader(cfg, engine)  # SIGHUP
         self.metrics = Metrics(engine, self.reloader)  # served when [metrics] listen is set
         self.exec = ExecOp(lambda: self.cfg, engine, self.converse)  # the compiled front's
+        self.lifecycle = LifecycleOp(lambda: self.cfg, self.release)  # and its start/kill/delete
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox, "release": self.op_release,
-                         "exec": self.exec.handle}
+                         "exec": self.exec.handle, "lifecycle": self.lifecycle.handle}
 
     def refuse_peer(self, pid: int, cgroup_of: Callable[[int], str] = v2.path_of_pid
                     ) -> str | None:
@@ -181,6 +183,7 @@ class Daemon:
             snap["daemon"]["inside"] = self.inside.snapshot()
         snap["daemon"]["config"] = self.reloader.snapshot()
         snap["daemon"]["exec"] = self.exec.snapshot()
+        snap["daemon"]["lifecycle"] = self.lifecycle.snapshot()
         snap["daemon"]["calls"] = self.metrics.calls()
         return protocol.reply(True, status=snap, pid=os.getpid())
 
@@ -291,7 +294,13 @@ class Daemon:
         if not isinstance(cid, str):
             return protocol.reply(False, error="release needs a string 'container'")
         calls = [k for k, c in self.engine.calls.items() if c.container == cid]
-        return protocol.reply(True, calls=len(calls), released=self.engine.growth.spare(calls))
+        return protocol.reply(True, calls=len(calls), released=self.release(cid))
+
+    def release(self, cid: str) -> int:
+        """The container's running calls let go by the growth gate and not held for a while;
+        how many it held."""
+        return self.engine.growth.spare([k for k, c in self.engine.calls.items()
+                                         if c.container == cid])
 
     async def op_events(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         q = self.engine.events.subscribe()

@@ -36,6 +36,17 @@ class Conn:
         self.writer.write(protocol.encode(msg))
         await self.writer.drain()
 
+    async def recv(self) -> dict[str, Any] | None:
+        """The peer's next frame in this conversation; None when it hung up."""
+        try:
+            header = await self.reader.readexactly(4)
+            n = protocol.frame_length(header)
+            if n > MAX_REQUEST:
+                raise protocol.ProtocolError(f"frame of {n} bytes exceeds {MAX_REQUEST}")
+            return protocol.decode_body(await self.reader.readexactly(n))
+        except asyncio.IncompleteReadError:
+            return None
+
     async def closed(self) -> None:
         """Returns when the client hangs up (it sends nothing while it waits for an answer)."""
         while await self.reader.read(4096):

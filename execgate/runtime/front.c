@@ -18,8 +18,9 @@
  *     own --cgroup.
  * A managed exec that is not a TTY call is a tool call: the front hands it to the daemon (the
  * `exec` op, daemon/exec_op.py), which admits and places it, answers the argv to run runc with,
- * and follows the call to its end; Python starts only when the daemon does not answer so.
- * create always goes to Python.
+ * and follows the call to its end. A managed container's start (to prepare), kill (to thaw)
+ * and delete (to clean up) go to the daemon too (the `lifecycle` op, daemon/lifecycle_op.py).
+ * Python starts only when the daemon does not answer so. create always goes to Python.
  *
  * The config: this program never reads config.toml. The Python runtime writes what the front
  * needs, resolved (common/frontconf.py: FRONT_CONF, beside its config cache, in tmpfs), with the
@@ -46,6 +47,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -82,8 +85,9 @@ static void __attribute__((noreturn)) python(void)
 	_exit(127);
 }
 
-/* Become the real runtime, as runc.execve(): argv[0] its path, our environment + LOOP_MARKER=1. */
-static void __attribute__((noreturn)) runtime(const char *real)
+/* execve the real runtime as runc.execve() does: argv[0] its path, our environment +
+ * LOOP_MARKER=1; returns only if it fails. */
+static void runtime_env(const char *real)
 {
 	static const char marker[] = LOOP_MARKER "=1";
 	size_t n = 0, out = 0, klen = strlen(LOOP_MARKER);
@@ -93,7 +97,7 @@ static void __attribute__((noreturn)) runtime(const char *real)
 		n++;
 	char **env = calloc(n + 2, sizeof(*env));
 	if (!env)
-		python();
+		return;
 	for (size_t i = 0; i < n; i++) {
 		if (!strncmp(environ[i], LOOP_MARKER, klen) && environ[i][klen] == '=') {
 			if (!placed)
@@ -108,7 +112,22 @@ static void __attribute__((noreturn)) runtime(const char *real)
 	env[out] = NULL;
 	args[0] = (char *)real;
 	execve(real, args, env);
+	free(env);
+}
+
+/* Become the real runtime. */
+static void __attribute__((noreturn)) runtime(const char *real)
+{
+	runtime_env(real);
 	python(); /* runc.execve would have raised: Python reports it */
+}
+
+/* runtime() in a child the front waits for: a failed execve is runc not found (127). */
+static void __attribute__((noreturn)) runtime_child(const char *real)
+{
+	runtime_env(real);
+	dprintf(2, "execgate: cannot run %s: %s\n", real, strerror(errno));
+	_exit(127);
 }
 
 /* ---- the front file (common/frontconf.py) -------------------------------------------------- */
@@ -625,6 +644,7 @@ static int load_record(const char *state_dir, const char *cid, int *managed, int
 
 #define MAX_FRAME (1 << 20)
 #define SLACK_MS 5000
+#define LIFECYCLE_AFTER_MS 60000 /* a start's prepare retries for 10 s; a loaded host: more */
 
 struct buf {
 	char *p;
@@ -790,8 +810,8 @@ struct answer {
 	int ok, queued, waiting;
 	double progress_s, max_wait_s, max_queued_s; /* < 0: absent */
 	char **argv;				     /* the final answer's, NULL-terminated */
-	const unsigned char *say;
-	size_t say_len;
+	const unsigned char *say, *run; /* run: "exec" or "child" (the lifecycle op) */
+	size_t say_len, run_len;
 };
 
 static int mp_key_is(const unsigned char *k, size_t n, const char *want)
@@ -832,10 +852,14 @@ static int parse_answer(const unsigned char *body, size_t n, struct answer *a)
 			*flag = (int)vlen;
 		} else if (number && kind == 'n') {
 			*number = num;
-		} else if (mp_key_is(key, klen, "say") && kind == 's') {
+		} else if ((mp_key_is(key, klen, "say") || mp_key_is(key, klen, "run")) &&
+			   kind == 's') {
 			if ((size_t)(m.end - m.p) < vlen)
 				return 0;
-			a->say = m.p, a->say_len = vlen;
+			if (key[0] == 's')
+				a->say = m.p, a->say_len = vlen;
+			else
+				a->run = m.p, a->run_len = vlen;
 			m.p += vlen;
 		} else if (mp_key_is(key, klen, "argv") && kind == 'a') {
 			if (vlen == 0 || vlen > (size_t)MAX_FRAME)
@@ -908,8 +932,27 @@ static int read_answer(int fd, long long deadline, struct answer *a)
 	return a->ok;
 }
 
-/* Connect to the daemon and send the exec op; the socket, or -1. */
-static int send_exec(const struct front *f, const char *config_path)
+/* Send one frame (b: 4 bytes kept for its length, then the body); 1 when all of it went. */
+static int send_frame(int fd, struct buf *b)
+{
+	size_t n = b->len - 4;
+	if (n > MAX_FRAME)
+		return 0;
+	b->p[0] = (char)(n >> 24), b->p[1] = (char)(n >> 16), b->p[2] = (char)(n >> 8);
+	b->p[3] = (char)n;
+	for (size_t off = 0; off < b->len;) { /* a local socket: the daemon reads it whole */
+		ssize_t k = send(fd, b->p + off, b->len - off, MSG_NOSIGNAL);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return 0;
+		off += (size_t)k;
+	}
+	return 1;
+}
+
+/* Connect to the daemon and send op (exec, lifecycle) with our argv; the socket, or -1. */
+static int send_op(const struct front *f, const char *op, const char *config_path)
 {
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	struct buf b = {0};
@@ -922,33 +965,19 @@ static int send_exec(const struct front *f, const char *config_path)
 		argc++;
 	if (!put(&b, "\0\0\0\0", 4) || !put_head(&b, 0x80, 15, 0xde, 4) ||
 	    !put_str(&b, "v") || !put(&b, "\x01", 1) || !put_str(&b, "op") ||
-	    !put_str(&b, "exec") || !put_str(&b, "config") || !put_str(&b, config_path) ||
+	    !put_str(&b, op) || !put_str(&b, "config") || !put_str(&b, config_path) ||
 	    !put_str(&b, "argv") || !put_head(&b, 0x90, 15, 0xdc, (size_t)argc))
 		return free(b.p), -1;
 	for (int k = 1; k <= argc; k++)
 		if (!put_str(&b, args[k]))
 			return free(b.p), -1;
-	size_t n = b.len - 4;
-	if (n > MAX_FRAME)
-		return free(b.p), -1;
-	b.p[0] = (char)(n >> 24), b.p[1] = (char)(n >> 16), b.p[2] = (char)(n >> 8);
-	b.p[3] = (char)n;
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+	if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0 ||
+	    !send_frame(fd, &b)) {
 		free(b.p);
 		if (fd >= 0)
 			close(fd);
 		return -1;
-	}
-	for (size_t off = 0; off < b.len;) { /* a local socket: the daemon reads it whole */
-		ssize_t k = send(fd, b.p + off, b.len - off, MSG_NOSIGNAL);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0) {
-			free(b.p), close(fd);
-			return -1;
-		}
-		off += (size_t)k;
 	}
 	free(b.p);
 	return fd;
@@ -960,7 +989,7 @@ static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 {
 	struct answer a;
 	long long t0 = now_ms();
-	int fd = send_exec(f, config_path);
+	int fd = send_op(f, "exec", config_path);
 
 	if (fd < 0)
 		python(); /* no daemon: the runtime fails open, with its watcher */
@@ -988,6 +1017,77 @@ static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 	close(fd);
 	args = a.argv;
 	runtime(real);
+}
+
+/* ---- the daemon's lifecycle op (daemon/lifecycle_op.py) --------------------------------------- */
+
+static volatile pid_t child_pid;
+
+static void forward(int sig)
+{
+	if (child_pid > 0)
+		kill(child_pid, sig);
+}
+
+/* Exit as runc did (oci/runc.py's exit_as): its code, or killed by its signal. */
+static void __attribute__((noreturn)) exit_as(int status)
+{
+	if (WIFEXITED(status))
+		_exit(WEXITSTATUS(status));
+	int sig = WTERMSIG(status);
+	signal(sig, SIG_DFL);
+	kill(getpid(), sig);
+	_exit(128 + sig);
+}
+
+/* A managed container's start, kill or delete, through the daemon: it thaws, prepares and
+ * cleans up as the Python handlers would, and the front runs runc (as its child, signals
+ * forwarded, when the daemon has work after it) or becomes runc. */
+static void __attribute__((noreturn)) lifecycle_via_daemon(const struct front *f,
+							   const char *config_path,
+							   const char *real)
+{
+	static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+	struct answer a;
+	int fd = send_op(f, "lifecycle", config_path);
+
+	if (fd < 0 || !read_answer(fd, now_ms() + f->daemon_timeout_ms, &a) || !a.run)
+		python();
+	if (a.run_len == 4 && !memcmp(a.run, "exec", 4)) {
+		close(fd);
+		runtime(real);
+	}
+	if (a.run_len != 5 || memcmp(a.run, "child", 5))
+		python();
+	for (size_t k = 0; k < sizeof(forwarded) / sizeof(*forwarded); k++) {
+		struct sigaction sa = {.sa_handler = forward};
+		sigaction(forwarded[k], &sa, NULL);
+	}
+	pid_t pid = fork();
+	if (pid < 0)
+		python();
+	if (pid == 0) {
+		for (size_t k = 0; k < sizeof(forwarded) / sizeof(*forwarded); k++)
+			signal(forwarded[k], SIG_DFL);
+		runtime_child(real);
+	}
+	child_pid = pid;
+	int status;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			_exit(255);
+	/* Tell the daemon how runc ended; its work after runc is its own: whatever it says or
+	 * however long it takes, we exit as runc did (the start is prepared by then, mostly). */
+	struct buf b = {0};
+	int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+	unsigned char num[5] = {0xd2, (unsigned char)((unsigned)code >> 24),
+				(unsigned char)((unsigned)code >> 16),
+				(unsigned char)((unsigned)code >> 8), (unsigned char)code};
+	if (put(&b, "\0\0\0\0", 4) && put_head(&b, 0x80, 15, 0xde, 2) && put_str(&b, "v") &&
+	    put(&b, "\x01", 1) && put_str(&b, "status") && put(&b, num, 5) && send_frame(fd, &b))
+		(void)read_answer(fd, now_ms() + LIFECYCLE_AFTER_MS, &a);
+	free(b.p);
+	exit_as(status);
 }
 
 /* ---- the decision ---------------------------------------------------------------------------- */
@@ -1063,12 +1163,16 @@ int main(int argc, char **argv)
 		python();
 	if (rec == 0)
 		runtime(real); /* no record: execgate never managed it */
+	if (delete && f.socket)
+		lifecycle_via_daemon(&f, config_path, real); /* a record to remove */
 	if (delete)
-		python(); /* a record to remove */
+		python();
 	if (managed != 1)
 		runtime(real);
+	if (start && prepared != 1 && f.socket)
+		lifecycle_via_daemon(&f, config_path, real); /* the cgroup layout to make */
 	if (start && prepared != 1)
-		python(); /* the cgroup layout to make (start.py) */
+		python();
 	if (start)
 		runtime(real);
 	if (exec && exec_flag(i + 1, (const char *const[]){"cgroup", NULL}))
@@ -1076,5 +1180,7 @@ int main(int argc, char **argv)
 	if (exec && f.socket &&
 	    !exec_flag(i + 1, (const char *const[]){"console-socket", "tty", "t", NULL}))
 		exec_via_daemon(&f, config_path, real); /* a tool call */
-	python(); /* a TTY call (the terminal relay), or no daemon configured; kill: thaw first */
+	if (kill && f.socket)
+		lifecycle_via_daemon(&f, config_path, real); /* thaw first */
+	python(); /* a TTY call (the terminal relay), or no daemon configured */
 }

@@ -23,17 +23,9 @@ def handle(ctx: Context) -> list[str]:
         if flags.positionals else None
     if rec:
         sandbox.thaw_ours(rec)
-        if rec.get("managed") and _ends(flags.positionals[1:2]):
+        if rec.get("managed") and sandbox.stops(flags.positionals[1:2]):
             _release(ctx, flags.positionals[0])
     return ctx.inv.argv
-
-
-# The signals an engine stops a container with (runc kill's default is SIGTERM).
-ENDING = ("TERM", "INT", "QUIT", "KILL", "15", "2", "3", "9")
-
-
-def _ends(signal: list[str]) -> bool:
-    return (signal[0] if signal else "TERM").upper().removeprefix("SIG") in ENDING
 
 
 def _release(ctx: Context, cid: str) -> None:

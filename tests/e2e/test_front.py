@@ -4,9 +4,12 @@ and the rest of Python's work to execgate-py."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 
 from conftest import (
     CONFIG,
@@ -63,30 +66,48 @@ def test_passthrough_needs_no_python(containers: Containers) -> None:
     assert "sleep" in ps
 
 
-def test_a_tool_call_is_placed_by_the_daemon_with_no_python(containers: Containers) -> None:
-    """A managed exec goes to the daemon (the exec op): with execgate-py unable to start it
-    still runs in its own tool cgroup, is journaled and its cgroup removed; a TTY call is the
-    Python runtime's (the terminal relay)."""
-    cid = containers.run()
-    _settle()
-    placed = ctl_status()["daemon"]["exec"]["placed"]
+@contextlib.contextmanager
+def _no_python() -> Iterator[None]:
+    """execgate-py cannot start: whatever works meanwhile needed no Python."""
     py = os.path.join(PREFIX, "execgate-py")
     mode = os.stat(py).st_mode
     os.chmod(py, 0o644)
     try:
-        out = docker("exec", cid, "cat", "/proc/self/cgroup").stdout
+        yield
     finally:
         os.chmod(py, mode)
+
+
+def test_a_sandboxs_calls_start_and_end_need_no_python(containers: Containers) -> None:
+    """With the daemon up, a managed container's start (its layout: the daemon's), each
+    non-TTY exec (the exec op: placed, journaled, its cgroup removed) and its kill and delete
+    go through the daemon; a TTY call is the Python runtime's (the terminal relay), and so is
+    runc create (sandbox admission and the record)."""
+    _settle()
+    before = ctl_status()["daemon"]
+    cid = containers.run()
+    record = os.path.join(STATE_DIR, "containers", cid + ".json")
+    with open(record) as f:
+        assert json.load(f)["prepared"] is True
+    assert ctl_status()["daemon"]["lifecycle"]["start"] == before["lifecycle"]["start"] + 1
+    with _no_python():
+        out = docker("exec", cid, "cat", "/proc/self/cgroup").stdout
     assert out.startswith(b"0::/tool-"), out
     call = out.decode().strip().rsplit("/", 1)[-1]
-    assert ctl_status()["daemon"]["exec"]["placed"] == placed + 1
+    assert ctl_status()["daemon"]["exec"]["placed"] == before["exec"]["placed"] + 1
     wait_for(lambda: any(e["call"] == call for e in journal_for(cid)), what="its journal line")
     (entry,) = [e for e in journal_for(cid) if e["call"] == call]
     assert entry["exit_code"] == 0 and entry["managed"] is True
     wait_for(lambda: call not in tool_cgroups(container_cgroup(cid)), what="its cgroup gone")
     rc, text = on_terminal(["docker", "exec", "-t", cid, "cat", "/proc/self/cgroup"])
     assert rc == 0 and b"0::/tool-" in text, text
-    assert ctl_status()["daemon"]["exec"]["placed"] == placed + 1  # not the daemon's
+    assert ctl_status()["daemon"]["exec"]["placed"] == before["exec"]["placed"] + 1
+    with _no_python():
+        docker("rm", "-f", cid)
+    assert not os.path.exists(record)
+    after = ctl_status()["daemon"]["lifecycle"]
+    assert after["delete"] >= before["lifecycle"]["delete"] + 1
+    assert after["kill"] >= before["lifecycle"]["kill"] + 1
 
 
 def test_a_call_the_daemon_placed_is_journaled_after_the_daemon_dies(

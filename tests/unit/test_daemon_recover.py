@@ -31,6 +31,23 @@ def test_frozen_managed_sandboxes_are_thawed_and_nothing_else_is_touched(tmp_pat
     assert other.read_text().strip() == "1"  # not execgate's
 
 
+
+def test_a_container_left_frozen_mid_start_is_thawed_a_paused_one_is_not(
+        tmp_path: Path) -> None:
+    """A daemon that died while it prepared a start (the lifecycle op) left the container's own
+    cgroup frozen, its record unprepared; a prepared container frozen is the engine's pause."""
+    state = str(tmp_path / "state")
+    for cid, prepared in (("mid", False), ("paused", True)):
+        _box(tmp_path, cid, False)
+        (tmp_path / "cg" / cid / "cgroup.freeze").write_text("1\n")
+        rec = records.load_container(state, cid)
+        assert rec is not None
+        records.save_container(state, {**rec, "prepared": prepared})
+    assert thaw_sandboxes(state) == 1
+    assert (tmp_path / "cg" / "mid" / "cgroup.freeze").read_text().strip() == "0"
+    assert (tmp_path / "cg" / "paused" / "cgroup.freeze").read_text().strip() == "1"
+
+
 def test_the_command_recovers_and_exits_with_a_broken_store_and_no_socket(tmp_path: Path) -> None:
     frozen = _box(tmp_path, "a", True)
     (tmp_path / "h.sqlite").write_bytes(b"not a database" * 64)  # never opened by --recover

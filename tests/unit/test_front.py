@@ -373,8 +373,8 @@ def test_the_front_file_is_written_once_and_removed_when_python_must_run(tmp_pat
 
 class FakeDaemon:
     """The daemon's socket as the front meets it: each connection's request is kept, and the
-    frames of `script` (maps, or raw bytes) are sent in turn; None: hang up. Silent (empty
-    script): it reads and never answers."""
+    frames of `script` (maps, or raw bytes) are sent in turn; None: hang up; "READ": read
+    the front's next frame (kept too). Silent (empty script): it reads and never answers."""
 
     def __init__(self, path: Path, script: list[object]) -> None:
         import socket
@@ -409,6 +409,11 @@ class FakeDaemon:
             for frame in self.script:
                 if frame is None:
                     return
+                if frame == "READ":  # the front's next frame (a lifecycle's status)
+                    head = conn.recv(4, 0x100)
+                    (n,) = struct.unpack(">I", head)
+                    self.requests.append(msgpack.unpackb(conn.recv(n, 0x100), raw=False))
+                    continue
                 blob = frame if isinstance(frame, bytes) else msgpack.packb(frame)
                 conn.sendall(struct.pack(">I", len(blob)) + blob)
             conn.recv(1)
@@ -484,3 +489,56 @@ def test_without_a_daemon_a_managed_exec_goes_to_python_at_once(box: Box) -> Non
     box.configure(socket=str(box.root / "none.sock"))
     box.record("box", {"id": "box", "managed": True, "prepared": True})
     box.expect("python", *EXEC)
+
+
+def _lifecycle(box: Box, script: list[object], *argv: str, runc_status: int = 0
+               ) -> tuple[str, list[bytes], int, FakeDaemon]:
+    sock = box.root / "d.sock"
+    box.configure(socket=str(sock), daemon_timeout_ms=300)
+    box.record("box", {"id": "box", "managed": True, "prepared": False})
+    box.runc.write_text(RECORDER.format(python=sys.executable, out=str(box.runc_out))
+                        + f"sys.exit({runc_status})\n")
+    daemon = FakeDaemon(sock, script)
+    try:
+        for out in (box.runc_out, box.python_out):
+            out.unlink(missing_ok=True)
+        p = subprocess.run([str(box.front), *argv], env=box.env, capture_output=True,
+                           timeout=20)
+        who = "runc" if box.runc_out.exists() else "python"
+        args = (box.runc_out if who == "runc" else box.python_out).read_bytes()
+        return who, args.partition(b"\n")[0].split(b"\0"), p.returncode, daemon
+    finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize("command", [["start", "box"], ["delete", "--force", "box"]])
+def test_a_managed_start_or_delete_runs_runc_then_tells_the_daemon_how_it_ended(
+        box: Box, command: list[str]) -> None:
+    argv = ["--root", "/run/r", *command]
+    script = [{"v": 1, "ok": True, "run": "child"}, "READ", {"v": 1, "ok": True}]
+    who, args, rc, daemon = _lifecycle(box, script, *argv, runc_status=3)
+    assert who == "runc" and args == [str(box.runc).encode(), *(a.encode() for a in argv)]
+    assert rc == 3  # runc's own exit status
+    assert daemon.requests == [{"v": 1, "op": "lifecycle", "config": str(box.conf),
+                                "argv": argv}, {"v": 1, "status": 3}]
+
+
+def test_a_managed_kill_becomes_runc_once_the_daemon_has_thawed(box: Box) -> None:
+    who, args, rc, daemon = _lifecycle(box, [{"v": 1, "ok": True, "run": "exec"}],
+                                       "kill", "box", "KILL")
+    assert who == "runc" and rc == 0 and args[1:] == [b"kill", b"box", b"KILL"]
+    assert len(daemon.requests) == 1
+
+
+@pytest.mark.parametrize("script", [[{"v": 1, "ok": False, "error": "no"}], [],
+                                    [{"v": 1, "ok": True, "run": "later"}]])
+def test_a_lifecycle_the_daemon_does_not_take_goes_to_python(box: Box,
+                                                             script: list[object]) -> None:
+    who, args, _rc, _daemon = _lifecycle(box, script, "delete", "box")
+    assert who == "python" and args[1:] == [b"delete", b"box"]
+
+
+def test_a_daemon_that_dies_while_runc_runs_costs_nothing_but_its_work(box: Box) -> None:
+    who, _args, rc, _daemon = _lifecycle(box, [{"v": 1, "ok": True, "run": "child"}, None],
+                                         "start", "box")
+    assert who == "runc" and rc == 0

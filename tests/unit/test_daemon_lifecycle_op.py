@@ -1,0 +1,108 @@
+"""The daemon's lifecycle op (daemon/lifecycle_op.py): a managed container's start, kill and
+delete for the compiled front, over the real socket server on a temp cgroupfs, spoken to as
+the front speaks (test_daemon_admit's Peer): what it does before runc, how runc is to run, and
+what it does once the front says how runc ended."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from test_daemon_admit import Peer, daemon
+
+from execgate.common import records
+from execgate.common.config import DEFAULT_PATH
+
+
+def _op(*argv: str) -> dict[str, Any]:
+    return {"v": 1, "op": "lifecycle", "config": DEFAULT_PATH, "argv": ["--root", "/r", *argv]}
+
+
+def _layout(box: Path, frozen: str = "0") -> None:
+    """A container cgroup as the fake cgroupfs has it: init/ and one tool cgroup frozen."""
+    for cg in (box, box / "init", box / "tool-00000000000a"):
+        cg.mkdir(exist_ok=True)
+        (cg / "cgroup.freeze").write_text(frozen + "\n")
+        (cg / "cgroup.events").write_text(f"populated 0\nfrozen {frozen}\n")
+        (cg / "cgroup.procs").write_text("")
+    (box / "cgroup.controllers").write_text("memory\n")
+    (box / "cgroup.subtree_control").write_text("")
+
+
+def test_kill_thaws_what_execgate_froze_then_runc_runs(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            _layout(d.box, frozen="1")
+            (d.box / "cgroup.freeze").write_text("1\n")  # docker pause: left alone
+            peer = await Peer.connect(d.path)
+            answer = await peer.ask(_op("kill", "box", "TERM"))
+            assert answer["ok"] is True and answer["run"] == "exec"
+            assert (d.box / "init" / "cgroup.freeze").read_text().strip() == "0"
+            assert (d.box / "tool-00000000000a" / "cgroup.freeze").read_text().strip() == "0"
+            assert (d.box / "cgroup.freeze").read_text().strip() == "1"
+            await peer.close()
+
+    asyncio.run(scenario())
+
+
+def test_delete_cleans_up_only_once_runc_has_deleted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            _layout(d.box)
+            state = d.engine.cfg.state_dir
+            for status, kept in ((1, True), (0, False)):
+                peer = await Peer.connect(d.path)
+                assert (await peer.ask(_op("delete", "box")))["run"] == "child"
+                assert (await peer.ask({"v": 1, "status": status}))["ok"] is True
+                await peer.close()
+                assert (records.load_container(state, "box") is not None) == kept, status
+
+    asyncio.run(scenario())
+
+
+def test_start_prepares_the_layout_after_runc_started(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            _layout(d.box)
+            (d.box / "cgroup.events").write_text("populated 1\nfrozen 1\n")  # settles at once
+            state = d.engine.cfg.state_dir
+            rec = records.load_container(state, "box")
+            assert rec is not None
+            records.save_container(state, {**rec, "prepared": False})
+            peer = await Peer.connect(d.path)
+            assert (await peer.ask(_op("start", "box")))["run"] == "child"
+            assert (await peer.ask({"v": 1, "status": 0}))["ok"] is True
+            await peer.close()
+            rec = records.load_container(state, "box")
+            assert rec is not None and rec["prepared"] is True, rec
+            assert (d.box / "cgroup.freeze").read_text().strip() == "0"  # thawed after
+
+    asyncio.run(scenario())
+
+
+def test_a_front_gone_before_runc_ended_changes_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            _layout(d.box)
+            peer = await Peer.connect(d.path)
+            assert (await peer.ask(_op("delete", "box")))["run"] == "child"
+            await peer.close()
+            await asyncio.sleep(0.2)
+            assert records.load_container(d.engine.cfg.state_dir, "box") is not None
+
+    asyncio.run(scenario())
+
+
+def test_what_is_not_a_lifecycle_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            for msg in (_op("create", "box"), _op("kill"), {**_op("kill", "box"),
+                                                           "config": "/other.toml"},
+                        {"v": 1, "op": "lifecycle", "argv": "kill box"}):
+                peer = await Peer.connect(d.path)
+                answer = await peer.ask(msg)
+                assert answer["ok"] is False and answer["error"], msg
+                await peer.close()
+
+    asyncio.run(scenario())
