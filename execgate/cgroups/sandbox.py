@@ -1,12 +1,18 @@
-"""A managed container's life in execgate's hands, around runc's own start, kill and delete: the
-init/ + tool-*/ layout made (start), what execgate froze thawed (kill), what it left removed
-(delete). Shared by the runtime's handlers (runtime/start.py, kill.py, delete.py) and the
-daemon's ops for the compiled front (daemon/lifecycle_op.py).
+"""A managed container's life in execgate's hands, around runc's own create, start, kill and
+delete: its record (create), the init/ + tool-*/ layout made (start), what execgate froze
+thawed (kill), what it left removed (delete). Shared by the runtime's handlers (runtime/
+create.py, start.py, kill.py, delete.py) and the daemon's op for the compiled front
+(daemon/lifecycle_op.py). A bundle here is oci/bundle.py's Bundle.
+
+The engine's shim loads the container's cgroup from its init's /proc/PID/cgroup right after
+create: init must still be in the container's own cgroup then, or `docker stats` would count
+init/ alone and miss every tool call. So the layout waits for start.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from execgate.common import records
 
@@ -21,6 +27,61 @@ if TYPE_CHECKING:
 
     class Log(Protocol):  # oci/runclog.py's RuncLog, or a logging.Logger
         def warning(self, msg: str) -> None: ...
+
+
+# Where an engine names the image in the runtime spec, most specific first. The OCI spec has
+# no image field: CRI (containerd, CRI-O) annotates it; Docker does not, unless asked
+# (`docker run --annotation execgate.image=NAME`), so there the init's program stands in.
+IMAGE_ANNOTATIONS = ("execgate.image", "io.kubernetes.cri.image-name",
+                     "io.kubernetes.cri-o.ImageName", "org.opencontainers.image.ref.name",
+                     "org.opencontainers.image.base.name")
+
+
+def image_key(spec: Any) -> str:
+    """The key sandbox baselines are learned under: the image where the spec names it, else
+    `cmd:<init program>` (one image's sandboxes run one entrypoint), else "default"."""
+    for key in IMAGE_ANNOTATIONS:
+        if spec.annotations.get(key):
+            return spec.annotations[key]
+    if spec.args and spec.args[0]:
+        return "cmd:" + os.path.basename(spec.args[0])
+    return "default"
+
+
+def _init_pid(pid_file: str | None) -> int:
+    if not pid_file:
+        raise LookupError("no --pid-file given")
+    with open(pid_file) as f:
+        return int(f.read().strip())
+
+
+def created(state_dir: str, cid: str, spec: Any, spec_error: Exception | None,
+            pid_file: str | None, start: dict[str, Any] | None, log: Log) -> None:
+    """After runc create: the container's record (managed, unless it cannot be: then why);
+    start: how its sandbox admission went (None: not asked)."""
+    record: dict[str, object] = {"id": cid, "created": time.time(), "managed": False}
+    if start is not None:
+        record["start"] = start
+    try:
+        if spec is None:
+            raise spec_error or LookupError("no bundle")
+        record.update(bundle=spec.path, hostname=spec.hostname, sandbox=spec.sandbox_id(cid),
+                      annotations=spec.annotations, memory_limit=spec.memory_limit,
+                      cgroups_path=spec.cgroups_path, image=image_key(spec))
+        pid = _init_pid(pid_file)
+        record["init_pid"] = pid
+        if not v2.is_unified():
+            raise OSError("host is not on a pure cgroup v2 hierarchy")
+        record["cgroup"] = v2.path_of_pid(pid)
+        record["managed"] = True
+        record["prepared"] = False
+    except Exception as e:  # noqa: BLE001 - the container runs as with plain runc
+        record["reason"] = f"{type(e).__name__}: {e}"
+        log.warning(f"container {cid}: no per-exec cgroups ({record['reason']})")
+    try:
+        records.save_container(state_dir, record)
+    except (OSError, ValueError) as e:
+        log.warning(f"container {cid}: cannot save record: {e}")
 
 
 def prepare(cfg: Config, cid: str, log: Log,

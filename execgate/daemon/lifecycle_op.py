@@ -1,15 +1,17 @@
-"""The `lifecycle` op: a managed container's start, kill and delete for the compiled front, so no
+"""The `lifecycle` op: a container's create, start, kill and delete for the compiled front, so no
 Python starts for them either (cgroups/sandbox.py does the work, as for the Python runtime).
 
 The front sends the runc argv. The daemon does what comes before runc and answers how runc
-runs. With `run: "exec"` the front becomes runc (kill: thaw what execgate froze, release the
-held calls of a stopping signal). With `run: "child"` the front runs runc as its child and
-sends `{status}` when it has exited (its exit code, -N for a signal). The daemon then does
-what comes after and answers `{ok}`: start prepares the layout, delete cleans up. A daemon
-that dies while it prepares leaves the container frozen with its record unprepared:
-`execgated --recover` thaws such a container (daemon/recover.py). A front that hangs up
-before `status` leaves things as a Python runtime killed at that point would: the container
-runs as with plain runc.
+runs. A create first waits for its sandbox's admission here (`queued` at once, as the
+`start_sandbox` op answers; policy/sandbox_admission.py). With `run: "exec"` the front
+becomes runc (kill: thaw what execgate froze, release the held calls of a stopping signal).
+With `run: "child"` the front runs runc as its child and sends `{status}` when it has exited
+(its exit code, -N for a signal). The daemon then does what comes after and answers `{ok}`:
+create records the container, start prepares the layout, delete cleans up. A daemon that dies
+while it prepares leaves the container frozen with its record unprepared: `execgated
+--recover` thaws such a container (daemon/recover.py). A front that hangs up before `status`
+leaves things as a Python runtime killed at that point would: the container runs as with
+plain runc.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
-from execgate.cgroups import sandbox
+from execgate.cgroups import sandbox, v2
 from execgate.common import protocol, records
 from execgate.common.config import DEFAULT_PATH, Config
 from execgate.oci import cli
@@ -33,10 +36,12 @@ STATUS_WAIT_S = 600.0  # runc start/delete take seconds; a front silent this lon
 
 
 class LifecycleOp:
-    def __init__(self, cfg: Callable[[], Config], release: Callable[[str], int]) -> None:
+    def __init__(self, cfg: Callable[[], Config], engine: Any,
+                 release: Callable[[str], int]) -> None:
         self.cfg = cfg  # the daemon's current config
+        self.engine = engine  # sandbox admission, for a create
         self.release = release  # the growth gate lets a stopping container's calls go
-        self.done = {"start": 0, "kill": 0, "delete": 0}  # for status
+        self.done = {"create": 0, "start": 0, "kill": 0, "delete": 0}  # for status
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.done)
@@ -53,9 +58,11 @@ class LifecycleOp:
         inv = cli.parse(list(argv))
         flags = inv.command_flags()
         if inv.command not in self.done or not flags.positionals:
-            return protocol.reply(False, error="lifecycle takes runc start, kill or delete "
-                                               "of a container")
+            return protocol.reply(False, error="lifecycle takes runc create, start, kill or "
+                                               "delete of a container")
         cid = flags.positionals[0]
+        if inv.command == "create":
+            return await self._create(cfg, inv, cid, conn)
         rec = await asyncio.to_thread(records.load_container, cfg.state_dir, cid)
         if inv.command == "kill":
             if rec:
@@ -66,13 +73,8 @@ class LifecycleOp:
             return protocol.reply(True, run="exec")
         if inv.command == "delete" and rec and flags.is_set("force"):
             await asyncio.to_thread(sandbox.thaw_ours, rec)  # runc kills it: nothing may delay
-        await conn.send(protocol.reply(True, run="child"))
-        try:
-            frame = await asyncio.wait_for(conn.recv(), STATUS_WAIT_S)
-        except (TimeoutError, protocol.ProtocolError, ConnectionError):
-            return None
-        status = frame.get("status") if frame else None
-        if isinstance(status, bool) or not isinstance(status, int):
+        status = await self._run_child(conn)
+        if status is None:
             return None  # hung up, or no runc status: runc may not have run
         if status == 0:
             try:
@@ -84,3 +86,81 @@ class LifecycleOp:
                 log.warning("%s %s: %s: %s", inv.command, cid[:12], type(e).__name__, e)
         self.done[inv.command] += 1
         return protocol.reply(True)
+
+    async def _create(self, cfg: Config, inv: cli.Invocation, cid: str, conn: Conn
+                      ) -> dict[str, Any] | None:
+        """Sandbox admission before runc create, the record after (runtime/create.py's)."""
+        flags = inv.command_flags()
+        bundle, pid_file = flags.get("bundle"), flags.get("pid-file")
+        if not bundle or not os.path.isabs(bundle) or (pid_file and not os.path.isabs(pid_file)):
+            return protocol.reply(False, error="create: relative to the runtime's directory")
+        spec, spec_error = await asyncio.to_thread(_bundle, bundle)
+        start: dict[str, Any] | None = None
+        if spec is not None and _admits_sandboxes(cfg):
+            start = await self._admit_sandbox(cid, spec, conn)
+            if start is None:
+                return None  # the front hung up while it waited: nothing is created
+        status = await self._run_child(conn)
+        if status == 0:
+            await asyncio.to_thread(sandbox.created, cfg.state_dir, cid, spec, spec_error,
+                                    pid_file, start, log)
+        if status is None:
+            return None
+        self.done["create"] += 1
+        return protocol.reply(True)
+
+    async def _admit_sandbox(self, cid: str, spec: Any, conn: Conn) -> dict[str, Any] | None:
+        """The start_sandbox wait (daemon/main.py's op), in this conversation: how it went,
+        for the record; None when the front hung up meanwhile."""
+        t0 = time.monotonic()
+        msg = {"sandbox": cid, "image": sandbox.image_key(spec), "pod": spec.sandbox_id(cid),
+               "cgroups_path": spec.cgroups_path, "hostname": spec.hostname}
+        ticket, fut = self.engine.submit_sandbox(msg)
+        hangup: asyncio.Future[None] | None = None
+        try:
+            await conn.send(protocol.reply(True, queued=True, **ticket))
+            hangup = asyncio.ensure_future(conn.closed())
+            await asyncio.wait({fut, hangup}, return_when=asyncio.FIRST_COMPLETED)
+            if not fut.done():
+                return None
+            d = fut.result()
+        except (ConnectionError, OSError):
+            return None
+        finally:
+            if hangup is not None:
+                hangup.cancel()
+            if not fut.done():  # whatever ended this conversation, the wait ends with it
+                self.engine.sandboxes.cancel(cid)
+                fut.cancel()
+        verdict = str(d.verdict)
+        if verdict != "admitted":
+            log.warning("create %s: %s", cid[:12], d.reason)
+        return {"admitted": True, "verdict": verdict,
+                "waited_s": round(time.monotonic() - t0, 3), "image": msg["image"]}
+
+    async def _run_child(self, conn: Conn) -> int | None:
+        """runc runs as the front's child: its exit status, once the front says; None when
+        it hung up first (runc may not have run)."""
+        await conn.send(protocol.reply(True, run="child"))
+        try:
+            frame = await asyncio.wait_for(conn.recv(), STATUS_WAIT_S)
+        except (TimeoutError, protocol.ProtocolError, ConnectionError):
+            return None
+        status = frame.get("status") if frame else None
+        if isinstance(status, bool) or not isinstance(status, int):
+            return None
+        return status
+
+
+def _bundle(path: str) -> tuple[Any, Exception | None]:
+    from execgate.oci import bundle as bundle_mod
+
+    try:
+        return bundle_mod.load(path), None
+    except Exception as e:  # noqa: BLE001 - runc reports a bad bundle its own way
+        return None, e
+
+
+def _admits_sandboxes(cfg: Config) -> bool:
+    table = cfg.tables.get("sandbox_admission") or {}
+    return table.get("enabled") is not False and v2.is_unified()

@@ -149,7 +149,7 @@ class Daemon:
         self.reloader = Reloader(cfg, engine)  # SIGHUP
         self.metrics = Metrics(engine, self.reloader)  # served when [metrics] listen is set
         self.exec = ExecOp(lambda: self.cfg, engine, self.converse)  # the compiled front's
-        self.lifecycle = LifecycleOp(lambda: self.cfg, self.release)  # and its start/kill/delete
+        self.lifecycle = LifecycleOp(lambda: self.cfg, engine, self.release)  # and its runc's
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox, "release": self.op_release,

@@ -18,9 +18,10 @@
  *     own --cgroup.
  * A managed exec that is not a TTY call is a tool call: the front hands it to the daemon (the
  * `exec` op, daemon/exec_op.py), which admits and places it, answers the argv to run runc with,
- * and follows the call to its end. A managed container's start (to prepare), kill (to thaw)
- * and delete (to clean up) go to the daemon too (the `lifecycle` op, daemon/lifecycle_op.py).
- * Python starts only when the daemon does not answer so. create always goes to Python.
+ * and follows the call to its end. A create (sandbox admission, the record) and a managed
+ * container's start (to prepare), kill (to thaw) and delete (to clean up) go to the daemon too
+ * (the `lifecycle` op, daemon/lifecycle_op.py). Python starts only when the daemon does not
+ * answer so, or no daemon socket is configured.
  *
  * The config: this program never reads config.toml. The Python runtime writes what the front
  * needs, resolved (common/frontconf.py: FRONT_CONF, beside its config cache, in tmpfs), with the
@@ -1040,8 +1041,8 @@ static void __attribute__((noreturn)) exit_as(int status)
 	_exit(128 + sig);
 }
 
-/* A managed container's start, kill or delete, through the daemon: it thaws, prepares and
- * cleans up as the Python handlers would, and the front runs runc (as its child, signals
+/* A container's create, or a managed one's start, kill or delete, through the daemon: it
+ * admits, records, thaws, prepares and cleans up as the Python handlers would, and the front runs runc (as its child, signals
  * forwarded, when the daemon has work after it) or becomes runc. */
 static void __attribute__((noreturn)) lifecycle_via_daemon(const struct front *f,
 							   const char *config_path,
@@ -1051,7 +1052,14 @@ static void __attribute__((noreturn)) lifecycle_via_daemon(const struct front *f
 	struct answer a;
 	int fd = send_op(f, "lifecycle", config_path);
 
-	if (fd < 0 || !read_answer(fd, now_ms() + f->daemon_timeout_ms, &a) || !a.run)
+	if (fd < 0 || !read_answer(fd, now_ms() + f->daemon_timeout_ms, &a))
+		python();
+	if (!a.run && a.queued) { /* a create waits for its sandbox's admission */
+		double wait = a.max_wait_s > 0 ? (a.max_wait_s < 1e6 ? a.max_wait_s : 1e6) : 0;
+		if (!read_answer(fd, now_ms() + (long long)(wait * 1000) + SLACK_MS, &a))
+			python();
+	}
+	if (!a.run)
 		python();
 	if (a.run_len == 4 && !memcmp(a.run, "exec", 4)) {
 		close(fd);
@@ -1143,6 +1151,8 @@ int main(int argc, char **argv)
 	int delete = !strcmp(command, "delete");
 	if (!f.per_exec_cgroups || !(create || start || exec || kill || delete))
 		runtime(real);
+	if (create && f.socket)
+		lifecycle_via_daemon(&f, config_path, real); /* sandbox admission, the record */
 	if (create)
 		python();
 

@@ -78,23 +78,25 @@ def _no_python() -> Iterator[None]:
         os.chmod(py, mode)
 
 
-def test_a_sandboxs_calls_start_and_end_need_no_python(containers: Containers) -> None:
-    """With the daemon up, a managed container's start (its layout: the daemon's), each
-    non-TTY exec (the exec op: placed, journaled, its cgroup removed) and its kill and delete
-    go through the daemon; a TTY call is the Python runtime's (the terminal relay), and so is
-    runc create (sandbox admission and the record)."""
+def test_a_sandbox_and_its_calls_need_no_python(containers: Containers) -> None:
+    """With the daemon up, a container's create (sandbox admission, its record) and start (its
+    layout), each non-TTY exec (placed, journaled, its cgroup removed), its kill and delete go
+    through the daemon, with no Python; a TTY call is the Python runtime's (its relay)."""
     _settle()
     before = ctl_status()["daemon"]
-    cid = containers.run()
+    with _no_python():
+        cid = containers.run()
+        out = docker("exec", cid, "cat", "/proc/self/cgroup").stdout
     record = os.path.join(STATE_DIR, "containers", cid + ".json")
     with open(record) as f:
-        assert json.load(f)["prepared"] is True
-    assert ctl_status()["daemon"]["lifecycle"]["start"] == before["lifecycle"]["start"] + 1
-    with _no_python():
-        out = docker("exec", cid, "cat", "/proc/self/cgroup").stdout
+        rec = json.load(f)
+    assert rec["managed"] is True and rec["prepared"] is True, rec
+    now = ctl_status()["daemon"]
+    assert now["lifecycle"]["create"] == before["lifecycle"]["create"] + 1
+    assert now["lifecycle"]["start"] == before["lifecycle"]["start"] + 1
     assert out.startswith(b"0::/tool-"), out
     call = out.decode().strip().rsplit("/", 1)[-1]
-    assert ctl_status()["daemon"]["exec"]["placed"] == before["exec"]["placed"] + 1
+    assert now["exec"]["placed"] == before["exec"]["placed"] + 1
     wait_for(lambda: any(e["call"] == call for e in journal_for(cid)), what="its journal line")
     (entry,) = [e for e in journal_for(cid) if e["call"] == call]
     assert entry["exit_code"] == 0 and entry["managed"] is True

@@ -6,9 +6,11 @@ what it does once the front says how runc ended."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_daemon_admit import Peer, daemon
 
 from execgate.common import records
@@ -104,5 +106,53 @@ def test_what_is_not_a_lifecycle_is_refused(tmp_path: Path) -> None:
                 answer = await peer.ask(msg)
                 assert answer["ok"] is False and answer["error"], msg
                 await peer.close()
+
+    asyncio.run(scenario())
+
+
+def _bundle(tmp: Path) -> Path:
+    b = tmp / "bundle"
+    b.mkdir()
+    (b / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "hostname": "agent-1", "process": {"args": ["/bin/agent"]},
+        "annotations": {"execgate.image": "agents:1"}, "linux": {}}))
+    return b
+
+
+def test_create_is_admitted_then_recorded_once_runc_created_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from execgate.cgroups import v2
+
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            monkeypatch.setattr(v2, "is_unified", lambda: True)
+            monkeypatch.setattr(v2, "path_of_pid", lambda _pid: str(d.box))
+            bundle, pid_file = _bundle(tmp_path), tmp_path / "init.pid"
+            pid_file.write_text("4242")
+            state = d.engine.cfg.state_dir
+            for cid, status in (("failed", 1), ("new", 0)):
+                peer = await Peer.connect(d.path)
+                first = await peer.ask(_op("create", "--bundle", str(bundle), "--pid-file",
+                                           str(pid_file), cid))
+                assert first["ok"] is True and first["queued"] is True, first
+                assert (await peer.recv())["run"] == "child"
+                assert (await peer.ask({"v": 1, "status": status}))["ok"] is True
+                await peer.close()
+            assert records.load_container(state, "failed") is None
+            rec = records.load_container(state, "new")
+            assert rec is not None and rec["managed"] is True and rec["init_pid"] == 4242
+            assert rec["cgroup"] == str(d.box) and rec["image"] == "agents:1"
+            assert rec["start"]["verdict"] == "admitted" and rec["start"]["admitted"] is True
+
+    asyncio.run(scenario())
+
+
+def test_a_create_whose_bundle_is_relative_is_left_to_the_runtime(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            peer = await Peer.connect(d.path)
+            answer = await peer.ask(_op("create", "--bundle", "rel", "new"))
+            assert answer["ok"] is False and "relative" in answer["error"]
+            await peer.close()
 
     asyncio.run(scenario())

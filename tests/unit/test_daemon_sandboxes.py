@@ -15,6 +15,7 @@ from typing import Any
 
 from test_daemon_engine import Clock
 
+from execgate.cgroups.sandbox import image_key
 from execgate.common import records
 from execgate.common.config import Config
 from execgate.common.units import MiB
@@ -25,7 +26,6 @@ from execgate.daemon.sandboxes import cgroup_dir, within
 from execgate.oci.bundle import Bundle
 from execgate.policy.estimate import CallInfo
 from execgate.runtime import start_admit
-from execgate.runtime.create import image_key
 
 BUDGET = 256 * MiB  # S = 32 MiB (1/8): room 224 MiB
 

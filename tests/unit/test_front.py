@@ -542,3 +542,16 @@ def test_a_daemon_that_dies_while_runc_runs_costs_nothing_but_its_work(box: Box)
     who, _args, rc, _daemon = _lifecycle(box, [{"v": 1, "ok": True, "run": "child"}, None],
                                          "start", "box")
     assert who == "runc" and rc == 0
+
+
+def test_a_create_waits_for_its_sandboxs_admission_then_runs_runc(box: Box) -> None:
+    argv = ["create", "--bundle", "/b", "--pid-file", "/p", "new"]
+    script = [{"v": 1, "ok": True, "queued": True, "max_wait_s": 5.0},
+              {"v": 1, "ok": True, "run": "child"}, "READ", {"v": 1, "ok": True}]
+    who, args, rc, daemon = _lifecycle(box, script, *argv)
+    assert who == "runc" and rc == 0 and args[1:] == [a.encode() for a in argv]
+    assert daemon.requests[1] == {"v": 1, "status": 0}
+    # Silent after `queued` past max_wait_s: the Python runtime decides (and fails open).
+    script = [{"v": 1, "ok": True, "queued": True, "max_wait_s": 0.1}]
+    who, _args, _rc, _daemon = _lifecycle(box, script, *argv)
+    assert who == "python"
