@@ -86,6 +86,12 @@ class ExecOp:
         inv = cli.parse(list(msg["argv"]))
         if inv.command != "exec":
             return protocol.reply(False, error="exec takes a runc exec argv")
+        # At once, before the spec is read: the front holds its first frame to the short budget
+        # (daemon_timeout_ms), and reading the spec goes through a thread.
+        adm = self.engine.settings.admission
+        await conn.send(protocol.reply(True, queued=True, progress_s=PROGRESS_S,
+                                       max_wait_s=adm.max_admission_wait_s,
+                                       max_queued_s=adm.max_queued_s))
         told: list[str] = []
         p = await asyncio.to_thread(placement.plan, cfg, inv, log, told.append)
         if p is None:  # not execgate's to place: run as it is

@@ -1010,9 +1010,7 @@ static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 			if (!read_answer(fd, by < deadline ? by : deadline, &a))
 				python();
 			if (a.argv)
-				break;
-			if (!a.waiting)
-				python();
+				break; /* else `queued` (the ticket) or `waiting`: the daemon is at it */
 		}
 	}
 	close(fd);

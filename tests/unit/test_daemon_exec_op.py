@@ -88,7 +88,8 @@ def test_a_managed_call_is_placed_admitted_and_followed_to_its_journal_line(
             spec = _spec(tmp_path, ["pytest", "-q"], ["AGENT_RESOURCE_HINT=mem=100m"])
             frames, err = await _peer(d.path, _exec(
                 ["--detach", "--process", spec, "--pid-file", str(tmp_path / "pid"), "box"]))
-            queued, final = frames
+            ack, queued, final = frames  # ack: at once, before the spec is read
+            assert ack["queued"] is True and ack["progress_s"] == 10.0 and ack["max_wait_s"] > 0
             assert queued["queued"] is True and queued["peak"] == 100 * MiB
             assert final["ok"] is True and final["admitted"] is True
             i = final["argv"].index("--cgroup")
@@ -117,12 +118,12 @@ def test_what_the_daemon_does_not_place_is_refused_or_passed_back(tmp_path: Path
         async with daemon(tmp_path) as d:
             (d.box / "init").mkdir()
             tty = _spec(tmp_path, ["sh"], [], terminal=True)
-            (frame,), _ = await _peer(d.path, _exec(["--detach", "--process", tty, "box"]))
+            (_ack, frame), _ = await _peer(d.path, _exec(["--detach", "--process", tty, "box"]))
             assert frame["ok"] is False and "TTY" in frame["error"]
             (frame,), _ = await _peer(d.path, _exec(["box", "true"], config="/etc/other.toml"))
             assert frame["ok"] is False and "config" in frame["error"]
             argv = ["--detach", "--process", tty, "not-ours"]
-            (frame,), _ = await _peer(d.path, _exec(argv))
+            (_ack, frame), _ = await _peer(d.path, _exec(argv))
             assert frame["ok"] is True and frame["argv"] == _exec(argv)["argv"]
             (frame,), _ = await _peer(d.path, {"v": 1, "op": "exec", "argv": "exec box"})
             assert frame["ok"] is False and "argv" in frame["error"]
