@@ -1,5 +1,6 @@
 """What a restarted daemon finds: spare tool cgroups, and placed calls marked by an xattr on
-their cgroup (the call's record in its journal form); docker exec calls have their own watchers.
+their cgroup (the call's record in its journal form); docker exec calls have their own watchers
+or, placed for the compiled front, their own mark (daemon/exec_op.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from execgate.calls.record import ToolCall
 from execgate.cgroups import container, v2
 
 from ..engine import call_info
+from . import procfs
 from .state import AgentsState, Box, Call
 
 log = logging.getLogger("execgated.inside")
@@ -33,6 +35,14 @@ def get_mark(cg: str) -> bytes | None:
         return os.getxattr(cg, XATTR)
     except OSError:
         return None
+
+
+def _argv_of(tool: str) -> list[str]:
+    for pid in v2.procs(tool):
+        argv = procfs.nul_list(f"/proc/{pid}/cmdline")
+        if argv:
+            return argv
+    return []
 
 
 class Recovery(AgentsState):
@@ -57,7 +67,10 @@ class Recovery(AgentsState):
                 if not v2.populated(tool):
                     v2.remove(tool, attempts=1)
                     continue
-                call = ToolCall(name, box.cid, box.sandbox, tool, [], arrival=time.time())
+                # A call the previous daemon was placing when it died (moved, not yet
+                # marked): its command is still its first task's.
+                call = ToolCall(name, box.cid, box.sandbox, tool, _argv_of(tool),
+                                arrival=time.time())
             else:
                 call = ToolCall.from_journal(placed)
             call.cgroup, call.call = tool, name
