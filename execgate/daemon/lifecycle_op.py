@@ -128,7 +128,7 @@ class LifecycleOp:
             return None
         finally:
             if hangup is not None:
-                hangup.cancel()
+                await conn.stop_watching(hangup)  # the front's status frame comes next
             if not fut.done():  # whatever ended this conversation, the wait ends with it
                 self.engine.sandboxes.cancel(cid)
                 fut.cancel()
@@ -144,7 +144,8 @@ class LifecycleOp:
         await conn.send(protocol.reply(True, run="child"))
         try:
             frame = await asyncio.wait_for(conn.recv(), STATUS_WAIT_S)
-        except (TimeoutError, protocol.ProtocolError, ConnectionError):
+        except (TimeoutError, protocol.ProtocolError, ConnectionError, RuntimeError) as e:
+            log.warning("lifecycle: no runc status from the front: %s", e)
             return None
         status = frame.get("status") if frame else None
         if isinstance(status, bool) or not isinstance(status, int):

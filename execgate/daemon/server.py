@@ -9,6 +9,7 @@ holds more than that of the daemon's memory, far below the protocol's 16 MiB fra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -46,6 +47,14 @@ class Conn:
             return protocol.decode_body(await self.reader.readexactly(n))
         except asyncio.IncompleteReadError:
             return None
+
+    @staticmethod
+    async def stop_watching(hangup: asyncio.Future[None]) -> None:
+        """End a closed() watch so that the conversation can read the peer's next frame: a
+        watch that is only cancelled still holds the reader until the loop runs it."""
+        hangup.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await hangup
 
     async def closed(self) -> None:
         """Returns when the client hangs up (it sends nothing while it waits for an answer)."""

@@ -156,3 +156,30 @@ def test_a_create_whose_bundle_is_relative_is_left_to_the_runtime(tmp_path: Path
             await peer.close()
 
     asyncio.run(scenario())
+
+
+def test_the_next_frame_is_read_once_the_hangup_watch_is_stopped() -> None:
+    """A create's admission watches for a hangup (conn.closed()) and then reads the front's
+    status frame: a watch only cancelled still held the reader ("readexactly() called while
+    another coroutine is already waiting"), and the create went unrecorded."""
+    import socket
+    import struct
+
+    import msgpack
+
+    from execgate.daemon.server import Conn
+
+    async def scenario() -> None:
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        conn = Conn(reader, writer)
+        hangup = asyncio.ensure_future(conn.closed())
+        await asyncio.sleep(0)  # the watch is reading
+        await conn.stop_watching(hangup)
+        body = msgpack.packb({"v": 1, "status": 0})
+        theirs.sendall(struct.pack(">I", len(body)) + body)
+        assert await conn.recv() == {"v": 1, "status": 0}  # inline, as wait_for is on 3.12+
+        writer.close()
+        theirs.close()
+
+    asyncio.run(scenario())
