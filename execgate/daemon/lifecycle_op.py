@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from execgate.cgroups import sandbox, v2
@@ -36,10 +36,11 @@ STATUS_WAIT_S = 600.0  # runc start/delete take seconds; a front silent this lon
 
 
 class LifecycleOp:
-    def __init__(self, cfg: Callable[[], Config], engine: Any,
+    def __init__(self, cfg: Callable[[], Config],
+                 sandbox_wait: Callable[[dict[str, Any], Conn], Awaitable[Any | None]],
                  release: Callable[[str], int]) -> None:
         self.cfg = cfg  # the daemon's current config
-        self.engine = engine  # sandbox admission, for a create
+        self.sandbox_wait = sandbox_wait  # a create's sandbox admission (daemon/main.py)
         self.release = release  # the growth gate lets a stopping container's calls go
         self.done = {"create": 0, "start": 0, "kill": 0, "delete": 0}  # for status
 
@@ -110,28 +111,14 @@ class LifecycleOp:
         return protocol.reply(True)
 
     async def _admit_sandbox(self, cid: str, spec: Any, conn: Conn) -> dict[str, Any] | None:
-        """The start_sandbox wait (daemon/main.py's op), in this conversation: how it went,
-        for the record; None when the front hung up meanwhile."""
+        """The start_sandbox wait (daemon/main.py's), in this conversation: how it went, for
+        the record; None when the front hung up meanwhile."""
         t0 = time.monotonic()
         msg = {"sandbox": cid, "image": sandbox.image_key(spec), "pod": spec.sandbox_id(cid),
                "cgroups_path": spec.cgroups_path, "hostname": spec.hostname}
-        ticket, fut = self.engine.submit_sandbox(msg)
-        hangup: asyncio.Future[None] | None = None
-        try:
-            await conn.send(protocol.reply(True, queued=True, **ticket))
-            hangup = asyncio.ensure_future(conn.closed())
-            await asyncio.wait({fut, hangup}, return_when=asyncio.FIRST_COMPLETED)
-            if not fut.done():
-                return None
-            d = fut.result()
-        except (ConnectionError, OSError):
+        d = await self.sandbox_wait(msg, conn)
+        if d is None:
             return None
-        finally:
-            if hangup is not None:
-                await conn.stop_watching(hangup)  # the front's status frame comes next
-            if not fut.done():  # whatever ended this conversation, the wait ends with it
-                self.engine.sandboxes.cancel(cid)
-                fut.cancel()
         verdict = str(d.verdict)
         if verdict != "admitted":
             log.warning("create %s: %s", cid[:12], d.reason)

@@ -33,7 +33,7 @@ from .lifecycle_op import LifecycleOp
 from .metrics import Metrics
 from .reload import Reloader
 from .sandboxes import within
-from .server import Conn, Server
+from .server import Conn, Server, stop_watching
 
 log = logging.getLogger("execgated")
 
@@ -149,7 +149,8 @@ class Daemon:
         self.reloader = Reloader(cfg, engine)  # SIGHUP
         self.metrics = Metrics(engine, self.reloader)  # served when [metrics] listen is set
         self.exec = ExecOp(lambda: self.cfg, engine, self.converse)  # the compiled front's
-        self.lifecycle = LifecycleOp(lambda: self.cfg, engine, self.release)  # and its runc's
+        # ... and the runc calls of a container's life
+        self.lifecycle = LifecycleOp(lambda: self.cfg, self.sandbox_wait, self.release)
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox, "release": self.op_release,
@@ -257,26 +258,33 @@ class Daemon:
         if error:
             return protocol.reply(False, error=error)
         try:
-            ticket, fut = self.engine.submit_sandbox(msg)
+            d = await self.sandbox_wait(msg, conn)
         except ValueError as e:
             return protocol.reply(False, error=str(e))
+        if d is None:
+            return None
+        with contextlib.suppress(ConnectionError, OSError):  # gone: nothing will start
+            await conn.send(protocol.reply(True, admitted=True, verdict=str(d.verdict),
+                                           waited_s=d.waited_s, need=d.need_bytes,
+                                           room=d.room_bytes, reason=d.reason))
+        return None
+
+    async def sandbox_wait(self, msg: dict[str, Any], conn: Conn) -> Any | None:
+        """A create's sandbox admission in this conversation: `queued` at once, then the
+        decision once the create may go on (it is the caller's to answer); None when the peer
+        hung up meanwhile, whose wait ends with it. ValueError: a request the policy refuses."""
+        ticket, fut = self.engine.submit_sandbox(msg)
         hangup: asyncio.Future[None] | None = None
         try:
             await conn.send(protocol.reply(True, queued=True, **ticket))
             hangup = asyncio.ensure_future(conn.closed())
             await asyncio.wait({fut, hangup}, return_when=asyncio.FIRST_COMPLETED)
-            if not fut.done():
-                return None
-            d = fut.result()
-            await conn.send(protocol.reply(True, admitted=True, verdict=str(d.verdict),
-                                           waited_s=d.waited_s, need=d.need_bytes,
-                                           room=d.room_bytes, reason=d.reason))
-            return None
+            return fut.result() if fut.done() else None
         except (ConnectionError, OSError):  # the create went away: nothing will start
             return None
         finally:
             if hangup is not None:
-                hangup.cancel()
+                await stop_watching(hangup)  # the peer may have more to say
             if not fut.done():  # whatever ended this conversation, the wait ends with it
                 self.engine.sandboxes.cancel(msg["sandbox"])
                 fut.cancel()

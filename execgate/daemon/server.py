@@ -48,18 +48,18 @@ class Conn:
         except asyncio.IncompleteReadError:
             return None
 
-    @staticmethod
-    async def stop_watching(hangup: asyncio.Future[None]) -> None:
-        """End a closed() watch so that the conversation can read the peer's next frame: a
-        watch that is only cancelled still holds the reader until the loop runs it."""
-        hangup.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await hangup
-
     async def closed(self) -> None:
         """Returns when the client hangs up (it sends nothing while it waits for an answer)."""
         while await self.reader.read(4096):
             pass
+
+
+async def stop_watching(hangup: asyncio.Future[None]) -> None:
+    """End a Conn.closed() watch so that the conversation can read the peer's next frame: a
+    watch that is only cancelled still holds the reader until the loop runs it."""
+    hangup.cancel()
+    with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+        await hangup
 
 
 Handler = Callable[[dict[str, Any], Conn], Awaitable[dict[str, Any] | None]]

@@ -167,7 +167,7 @@ def test_the_next_frame_is_read_once_the_hangup_watch_is_stopped() -> None:
 
     import msgpack
 
-    from execgate.daemon.server import Conn
+    from execgate.daemon.server import Conn, stop_watching
 
     async def scenario() -> None:
         ours, theirs = socket.socketpair()
@@ -175,7 +175,7 @@ def test_the_next_frame_is_read_once_the_hangup_watch_is_stopped() -> None:
         conn = Conn(reader, writer)
         hangup = asyncio.ensure_future(conn.closed())
         await asyncio.sleep(0)  # the watch is reading
-        await conn.stop_watching(hangup)
+        await stop_watching(hangup)
         body = msgpack.packb({"v": 1, "status": 0})
         theirs.sendall(struct.pack(">I", len(body)) + body)
         assert await conn.recv() == {"v": 1, "status": 0}  # inline, as wait_for is on 3.12+

@@ -423,24 +423,34 @@ class FakeDaemon:
         self.path.unlink(missing_ok=True)
 
 
-def _managed_exec(box: Box, script: list[object], *argv: str, timeout_ms: int = 300
-                  ) -> tuple[str, list[bytes], bytes, FakeDaemon]:
+def _with_daemon(box: Box, script: list[object], *argv: str, prepared: bool = True,
+                 runc_status: int = 0, timeout_ms: int = 300
+                 ) -> tuple[str, list[bytes], subprocess.CompletedProcess[bytes], FakeDaemon]:
+    """Run the front on a managed container "box" beside a FakeDaemon playing script: whom it
+    became (runc, python) with which argv, the front's process, and the daemon."""
     sock = box.root / "d.sock"
     box.configure(socket=str(sock), daemon_timeout_ms=timeout_ms)
-    box.record("box", {"id": "box", "managed": True, "prepared": True})
+    box.record("box", {"id": "box", "managed": True, "prepared": prepared})
+    box.runc.write_text(RECORDER.format(python=sys.executable, out=str(box.runc_out))
+                        + f"sys.exit({runc_status})\n")
     daemon = FakeDaemon(sock, script)
     try:
         for out in (box.runc_out, box.python_out):
             out.unlink(missing_ok=True)
         p = subprocess.run([str(box.front), *argv], env=box.env, capture_output=True,
                            timeout=20)
-        assert p.returncode == 0, p.stderr
         who = "runc" if box.runc_out.exists() else "python"
         args = (box.runc_out if who == "runc" else box.python_out).read_bytes()
-        return who, args.partition(b"\n")[0].split(b"\0"), p.stderr, daemon
+        return who, args.partition(b"\n")[0].split(b"\0"), p, daemon
     finally:
         daemon.close()
 
+
+def _managed_exec(box: Box, script: list[object], *argv: str, timeout_ms: int = 300
+                  ) -> tuple[str, list[bytes], bytes, FakeDaemon]:
+    who, args, p, daemon = _with_daemon(box, script, *argv, timeout_ms=timeout_ms)
+    assert p.returncode == 0, p.stderr
+    return who, args, p.stderr, daemon
 
 EXEC = ["--root", "/run/r", "--log", "/l.json", "exec", "--process", "/p.json", "--detach",
         "--pid-file", "/pid", "box"]
@@ -493,23 +503,9 @@ def test_without_a_daemon_a_managed_exec_goes_to_python_at_once(box: Box) -> Non
 
 def _lifecycle(box: Box, script: list[object], *argv: str, runc_status: int = 0
                ) -> tuple[str, list[bytes], int, FakeDaemon]:
-    sock = box.root / "d.sock"
-    box.configure(socket=str(sock), daemon_timeout_ms=300)
-    box.record("box", {"id": "box", "managed": True, "prepared": False})
-    box.runc.write_text(RECORDER.format(python=sys.executable, out=str(box.runc_out))
-                        + f"sys.exit({runc_status})\n")
-    daemon = FakeDaemon(sock, script)
-    try:
-        for out in (box.runc_out, box.python_out):
-            out.unlink(missing_ok=True)
-        p = subprocess.run([str(box.front), *argv], env=box.env, capture_output=True,
-                           timeout=20)
-        who = "runc" if box.runc_out.exists() else "python"
-        args = (box.runc_out if who == "runc" else box.python_out).read_bytes()
-        return who, args.partition(b"\n")[0].split(b"\0"), p.returncode, daemon
-    finally:
-        daemon.close()
-
+    who, args, p, daemon = _with_daemon(box, script, *argv, prepared=False,
+                                        runc_status=runc_status)
+    return who, args, p.returncode, daemon
 
 @pytest.mark.parametrize("command", [["start", "box"], ["delete", "--force", "box"]])
 def test_a_managed_start_or_delete_runs_runc_then_tells_the_daemon_how_it_ended(
