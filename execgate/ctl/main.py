@@ -78,7 +78,8 @@ def print_daemon(d: dict[str, Any]) -> None:
           f"{len(queued)} queued; history: {d.get('history_calls', 0)} calls")
     if d.get("predictor"):
         print(model_cmd.status_line(d["predictor"]))
-    print_counts(d.get("calls") or {}, d.get("config") or {}, d.get("exec") or {})
+    print_counts(d.get("calls") or {}, d.get("config") or {}, d.get("exec") or {},
+                 d.get("lifecycle") or {})
     if queued:
         print(f"\nQUEUED ({len(queued)})")
         print(f"{'CALL':<18} {'SANDBOX':<14} {'QUEUE':<6} {'PEAK':>9} {'WAIT':>7}  SOURCE")
@@ -89,7 +90,8 @@ def print_daemon(d: dict[str, Any]) -> None:
                   f"{q.get('waited_s', 0):>6.1f}s  {dem.get('source', '')}")
 
 
-def print_counts(calls: dict[str, Any], conf: dict[str, Any], front: dict[str, Any]) -> None:
+def print_counts(calls: dict[str, Any], conf: dict[str, Any], front: dict[str, Any],
+                 lifecycle: dict[str, Any]) -> None:
     """Since the daemon started (the numbers its metrics serve), and config changes waiting."""
     if calls:
         how = calls.get("admitted") or {}
@@ -101,9 +103,10 @@ def print_counts(calls: dict[str, Any], conf: dict[str, Any], front: dict[str, A
               f"{sum(ended.values())} (OOM-killed {ended.get('oom_killed', 0)}), ran unmanaged "
               f"{calls.get('unmanaged', 0)} (no daemon answer: fail open)")
     if front:
-        print(f"placed for the compiled front: {front.get('placed', 0)} (following "
+        ops = ", ".join(f"{k} {v}" for k, v in lifecycle.items())
+        print(f"for the compiled front: {front.get('placed', 0)} calls placed (following "
               f"{front.get('following', 0)} now; {front.get('refused', 0)} left to the "
-              "Python runtime)")
+              f"Python runtime){'; ' + ops if ops else ''}")
     if conf.get("restart_needed"):
         print(f"config: changed, waiting for a restart: {', '.join(conf['restart_needed'])}")
     if conf.get("last_error"):
