@@ -48,6 +48,19 @@ def image_key(spec: Any) -> str:
     return "default"
 
 
+def admits_sandboxes(cfg: Config) -> bool:
+    """Whether a create waits for sandbox admission: [sandbox_admission] not disabled, and a
+    cgroup v2 host (the policy reads cgroup v2 files)."""
+    table = cfg.tables.get("sandbox_admission") or {}
+    return table.get("enabled") is not False and v2.is_unified()
+
+
+def start_request(cid: str, spec: Any) -> dict[str, Any]:
+    """A create's `start_sandbox` fields (docs/protocol.md), from its bundle."""
+    return {"sandbox": cid, "image": image_key(spec), "pod": spec.sandbox_id(cid),
+            "cgroups_path": spec.cgroups_path, "hostname": spec.hostname}
+
+
 def _init_pid(pid_file: str | None) -> int:
     if not pid_file:
         raise LookupError("no --pid-file given")

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 VERSION = 1
+PROGRESS_S = 10.0  # how often a runtime asks to hear why its call waits (issue 15: every 10 s)
 MAX_FRAME = 16 << 20
 _LEN = struct.Struct(">I")
 

@@ -42,15 +42,18 @@ Converse = Callable[..., Awaitable[dict[str, Any] | None]]
 # On a placed call's tool cgroup: the call in its journal form, for a restarted daemon to follow
 # it to its journal line (the stream is gone with the daemon that held it; the rest is not).
 MARK = "trusted.execgate.placed"
-PROGRESS_S = 10.0  # as the runtime asks (runtime/admit.py): the agent told every 10 s
 
 
-def _argv_error(msg: dict[str, Any]) -> str | None:
+def front_request_error(op: str, msg: dict[str, Any], cfg: Config) -> str | None:
+    """Why a request of the compiled front's (exec, lifecycle) is not the daemon's to serve: a
+    malformed one, or one from a runtime that reads another config; None when it is."""
     argv = msg.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        return "exec needs 'argv', a non-empty list of strings"
+        return f"{op} needs 'argv', a non-empty list of strings"
     if not isinstance(msg.get("config"), str):
-        return "exec needs 'config', the runtime's config path"
+        return f"{op} needs 'config', the runtime's config path"
+    if os.path.abspath(msg["config"]) != os.path.abspath(cfg.path or DEFAULT_PATH):
+        return "the runtime reads another config than the daemon: its own runtime does this"
     return None
 
 
@@ -74,13 +77,10 @@ class ExecOp:
         return answer
 
     async def _handle(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
-        error = _argv_error(msg)
+        cfg = self.cfg()
+        error = front_request_error("exec", msg, cfg)
         if error:
             return protocol.reply(False, error=error)
-        cfg = self.cfg()
-        if os.path.abspath(msg["config"]) != os.path.abspath(cfg.path or DEFAULT_PATH):
-            return protocol.reply(False, error="the runtime reads another config than the "
-                                               "daemon: its own runtime places the call")
         if conn.peer_pid is None:
             return protocol.reply(False, error="no peer pid")
         inv = cli.parse(list(msg["argv"]))
@@ -89,7 +89,7 @@ class ExecOp:
         # At once, before the spec is read: the front holds its first frame to the short budget
         # (daemon_timeout_ms), and reading the spec goes through a thread.
         adm = self.engine.settings.admission
-        await conn.send(protocol.reply(True, queued=True, progress_s=PROGRESS_S,
+        await conn.send(protocol.reply(True, queued=True, progress_s=protocol.PROGRESS_S,
                                        max_wait_s=adm.max_admission_wait_s,
                                        max_queued_s=adm.max_queued_s))
         told: list[str] = []
@@ -99,7 +99,7 @@ class ExecOp:
         if p.call.tty:
             return protocol.reply(False, error="a TTY call is the runtime's (terminal relay)")
         call = p.call
-        request = {**call.admit_request(), "progress_s": PROGRESS_S}
+        request = {**call.admit_request(), "progress_s": protocol.PROGRESS_S}
 
         async def admitted(d: Decision) -> None:
             call.admitted(True, round(float(d.waited_s), 3), bool(d.forced))

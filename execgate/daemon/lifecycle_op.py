@@ -23,11 +23,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from execgate.cgroups import sandbox, v2
+from execgate.cgroups import sandbox
 from execgate.common import protocol, records
-from execgate.common.config import DEFAULT_PATH, Config
+from execgate.common.config import Config
 from execgate.oci import cli
 
+from .exec_op import front_request_error
 from .server import Conn
 
 log = logging.getLogger("execgated.lifecycle")
@@ -48,15 +49,11 @@ class LifecycleOp:
         return dict(self.done)
 
     async def handle(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
-        argv = msg.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            return protocol.reply(False, error="lifecycle needs 'argv', a list of strings")
         cfg = self.cfg()
-        if not isinstance(msg.get("config"), str) or \
-                os.path.abspath(msg["config"]) != os.path.abspath(cfg.path or DEFAULT_PATH):
-            return protocol.reply(False, error="the runtime reads another config than the "
-                                               "daemon: its own runtime does this")
-        inv = cli.parse(list(argv))
+        error = front_request_error("lifecycle", msg, cfg)
+        if error:
+            return protocol.reply(False, error=error)
+        inv = cli.parse(list(msg["argv"]))
         flags = inv.command_flags()
         if inv.command not in self.done or not flags.positionals:
             return protocol.reply(False, error="lifecycle takes runc create, start, kill or "
@@ -64,7 +61,9 @@ class LifecycleOp:
         cid = flags.positionals[0]
         if inv.command == "create":
             return await self._create(cfg, inv, cid, conn)
-        rec = await asyncio.to_thread(records.load_container, cfg.state_dir, cid)
+        rec = None  # start's prepare reads it itself
+        if inv.command != "start":
+            rec = await asyncio.to_thread(records.load_container, cfg.state_dir, cid)
         if inv.command == "kill":
             if rec:
                 await asyncio.to_thread(sandbox.thaw_ours, rec)
@@ -97,7 +96,7 @@ class LifecycleOp:
             return protocol.reply(False, error="create: relative to the runtime's directory")
         spec, spec_error = await asyncio.to_thread(_bundle, bundle)
         start: dict[str, Any] | None = None
-        if spec is not None and _admits_sandboxes(cfg):
+        if spec is not None and sandbox.admits_sandboxes(cfg):
             start = await self._admit_sandbox(cid, spec, conn)
             if start is None:
                 return None  # the front hung up while it waited: nothing is created
@@ -114,8 +113,7 @@ class LifecycleOp:
         """The start_sandbox wait (daemon/main.py's), in this conversation: how it went, for
         the record; None when the front hung up meanwhile."""
         t0 = time.monotonic()
-        msg = {"sandbox": cid, "image": sandbox.image_key(spec), "pod": spec.sandbox_id(cid),
-               "cgroups_path": spec.cgroups_path, "hostname": spec.hostname}
+        msg = sandbox.start_request(cid, spec)
         d = await self.sandbox_wait(msg, conn)
         if d is None:
             return None
@@ -131,7 +129,8 @@ class LifecycleOp:
         await conn.send(protocol.reply(True, run="child"))
         try:
             frame = await asyncio.wait_for(conn.recv(), STATUS_WAIT_S)
-        except (TimeoutError, protocol.ProtocolError, ConnectionError, RuntimeError) as e:
+        except (TimeoutError, protocol.ProtocolError, ConnectionError, EOFError,
+                RuntimeError) as e:
             log.warning("lifecycle: no runc status from the front: %s", e)
             return None
         status = frame.get("status") if frame else None
@@ -148,7 +147,3 @@ def _bundle(path: str) -> tuple[Any, Exception | None]:
     except Exception as e:  # noqa: BLE001 - runc reports a bad bundle its own way
         return None, e
 
-
-def _admits_sandboxes(cfg: Config) -> bool:
-    table = cfg.tables.get("sandbox_admission") or {}
-    return table.get("enabled") is not False and v2.is_unified()

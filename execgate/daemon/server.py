@@ -28,9 +28,11 @@ FRAME_TIMEOUT_S = 10.0
 class Conn:
     """One client connection, for handlers that answer in several frames or watch for EOF."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 max_request: int = MAX_REQUEST) -> None:
         self.reader = reader
         self.writer = writer
+        self.max_request = max_request
         self.peer_pid: int | None = None  # SO_PEERCRED's, once the peer is served
 
     async def send(self, msg: dict[str, Any]) -> None:
@@ -38,15 +40,19 @@ class Conn:
         await self.writer.drain()
 
     async def recv(self) -> dict[str, Any] | None:
-        """The peer's next frame in this conversation; None when it hung up."""
+        """The peer's next frame (a request, or more of a conversation); None at a clean end
+        of the connection; ProtocolError for a frame that is too large or not a msgpack map,
+        IncompleteReadError for one cut short."""
         try:
             header = await self.reader.readexactly(4)
-            n = protocol.frame_length(header)
-            if n > MAX_REQUEST:
-                raise protocol.ProtocolError(f"frame of {n} bytes exceeds {MAX_REQUEST}")
-            return protocol.decode_body(await self.reader.readexactly(n))
-        except asyncio.IncompleteReadError:
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise
             return None
+        n = protocol.frame_length(header)
+        if n > self.max_request:
+            raise protocol.ProtocolError(f"request of {n} bytes exceeds {self.max_request}")
+        return protocol.decode_body(await self.reader.readexactly(n))
 
     async def closed(self) -> None:
         """Returns when the client hangs up (it sends nothing while it waits for an answer)."""
@@ -110,7 +116,7 @@ class Server:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
-        conn = Conn(reader, writer)
+        conn = Conn(reader, writer, self.max_request)
         try:
             pid, uid = peer_cred(sock)
             error = None
@@ -126,7 +132,7 @@ class Server:
                 return
             while True:
                 try:
-                    msg = await asyncio.wait_for(self._request(reader), self.frame_timeout_s)
+                    msg = await asyncio.wait_for(conn.recv(), self.frame_timeout_s)
                 except TimeoutError:
                     log.warning("client dropped: no whole request within %g s",
                                 self.frame_timeout_s)
@@ -148,20 +154,6 @@ class Server:
             log.exception("client dropped")
         finally:
             writer.close()
-
-    async def _request(self, reader: asyncio.StreamReader) -> dict[str, Any] | None:
-        """One request; None at a clean end of the connection; ProtocolError for a frame
-        that is too large or not a msgpack map."""
-        try:
-            header = await reader.readexactly(4)
-        except asyncio.IncompleteReadError as e:
-            if e.partial:
-                raise
-            return None
-        n = protocol.frame_length(header)
-        if n > self.max_request:
-            raise protocol.ProtocolError(f"request of {n} bytes exceeds {self.max_request}")
-        return protocol.decode_body(await reader.readexactly(n))
 
     async def _dispatch(self, msg: dict[str, Any], conn: Conn) -> dict[str, Any] | None:
         if msg.get("v") != protocol.VERSION:

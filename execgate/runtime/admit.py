@@ -1,7 +1,7 @@
 """Ask execgated to admit a tool call before it runs; fail open on any trouble.
 
 The daemon answers `queued` at once, then — because we ask for them (`progress_s`) — a
-`waiting` frame every PROGRESS_S seconds while the call waits (the agent is told why on its
+`waiting` frame every protocol.PROGRESS_S seconds while the call waits (the agent is told why on its
 stderr), and `admitted` when the call may start. The first frame is held to the short budget
 (daemon_timeout_ms): a daemon that is down, wedged or slow costs a call at most that, and the
 call then runs unmanaged. After it, a daemon that keeps us informed is waited for: a call
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from execgate.oci.runclog import RuncLog
 
 SLACK_S = 5.0
-PROGRESS_S = 10.0  # how often a waiting agent is told (issue 15: every 10 s)
 
 
 def done(path: str, budget_s: float, call_id: str) -> dict[str, Any] | None:
@@ -67,7 +66,7 @@ def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
     t0 = time.monotonic()
     try:
         with protocol.Client(path, budget_s) as daemon:
-            daemon.send(protocol.request("admit", progress_s=PROGRESS_S, **msg))
+            daemon.send(protocol.request("admit", progress_s=protocol.PROGRESS_S, **msg))
             first = daemon.recv(deadline=t0 + budget_s)  # connect to `queued`: one budget
             if not first.get("ok") or not first.get("queued"):
                 log.warning(f"call {msg.get('call')}: daemon refused: {first.get('error')}; "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from execgate.cgroups import sandbox, v2
+from execgate.cgroups import sandbox
 from execgate.oci import bundle as bundle_mod
 from execgate.oci import runc
 
@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 def _admit_start(ctx: Context, cid: str, spec: bundle_mod.Bundle) -> dict[str, Any] | None:
     """Wait for the daemon's word that the sandbox may start; what happened, for the record
     (None: not asked, as sandbox admission is off or the host is not on cgroup v2)."""
-    table = ctx.config.tables.get("sandbox_admission") or {}
-    if table.get("enabled") is False or not v2.is_unified():
+    if not sandbox.admits_sandboxes(ctx.config):
         return None
     if not os.path.exists(ctx.config.socket):  # no daemon here: nothing to wait for
         ctx.log.debug(f"create {cid}: no daemon socket at {ctx.config.socket}; unadmitted")
@@ -35,8 +34,7 @@ def _admit_start(ctx: Context, cid: str, spec: bundle_mod.Bundle) -> dict[str, A
     from . import start_admit  # the protocol (msgpack, socket): only for a create that asks
 
     t0 = time.monotonic()
-    msg = {"sandbox": cid, "image": sandbox.image_key(spec), "pod": spec.sandbox_id(cid),
-           "cgroups_path": spec.cgroups_path, "hostname": spec.hostname}
+    msg = sandbox.start_request(cid, spec)
     answer, why = start_admit.ask(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000, msg)
     waited = round(time.monotonic() - t0, 3)
     if answer is None:
