@@ -309,6 +309,20 @@ class Host:
         v = _read(os.path.join(self.cgroup, "memory.current"))
         return int(v) if v and v.isdigit() else None
 
+    def memory_counters(self) -> dict[str, float]:
+        """The slice's cumulative swap traffic, anonymous refaults (memory.stat, in bytes) and
+        memory stall (PSI `some`, s): what the simulator's memory model counts, for checking it."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        stat = dict(line.split(" ", 1) for line in
+                    (_read(os.path.join(self.cgroup, "memory.stat")) or "").splitlines()
+                    if " " in line)
+        out = {key: int(stat.get(name, "0")) * page for key, name in (
+            ("refault_bytes", "workingset_refault_anon"), ("swap_out_bytes", "pswpout"),
+            ("swap_in_bytes", "pswpin"))}
+        some = (_read(os.path.join(self.cgroup, "memory.pressure")) or "").partition("\n")[0]
+        total = some.rpartition("total=")[2]
+        return {**out, "stall_s": int(total) / 1e6 if total.isdigit() else 0.0}
+
     def close_slice(self) -> None:
         self.cleanup_containers()
         self.anchor = None

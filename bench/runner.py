@@ -93,7 +93,7 @@ class Replayer:
         self.inflight = 0
         self.queued = 0
         self.calls: list[dict[str, Any]] = []
-        self.samples: list[tuple[float, int, int, int, int]] = []
+        self.samples: list[tuple[float, int, int, int, int, int, int, float]] = []
         self.notes: list[str] = []
         self.containers: list[str] = []
         self.unmanaged: dict[str, str] = {}  # execgate sandboxes left as plain runc, and why
@@ -114,8 +114,10 @@ class Replayer:
             cur = self.host.memory_current()
             t = self.now()
             if cur is not None:
+                mc = self.host.memory_counters()
                 self.samples.append((round(t, 3), cur, self.running, self.inflight, self.queued,
-                                     self.host.swap_current() or 0))
+                                     self.host.swap_current() or 0, int(mc["refault_bytes"]),
+                                     round(mc["stall_s"], 3)))
             z = self.host.swap_stats()
             if z and (self.zram_peak is None or z["orig_bytes"] > self.zram_peak["orig_bytes"]):
                 self.zram_peak = z
@@ -340,7 +342,8 @@ class Replayer:
             "attempts": [a for st in self.states.values() for a in st.attempts],
             "calls": sorted(self.calls, key=lambda c: c["start"]),
             "samples": {"columns": ["t", "memory_bytes", "running_tasks", "inflight_calls",
-                                    "queued_tasks", "swap_bytes"], "rows": self.samples},
+                                    "queued_tasks", "swap_bytes", "refault_bytes", "stall_s"],
+                        "rows": self.samples},
             "sandboxes": self.boxes,
             "t0_epoch": self.t0_epoch,
             "notes": self.notes,
@@ -395,10 +398,13 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         rep = Replayer(host, scheme, tasks, arrivals_wall, budget, settings, log,
                        fill_ratio=workload.fill_ratio, hot_calls=workload.hot_calls)
         rep.abort = abort
+        counters = host.memory_counters()
         try:
             result = rep.run()
         finally:
             host.stop_events()
+        # The slice's swap traffic, refaults and stall over the run, named as the simulator's.
+        result["metrics"].update({k: v - counters[k] for k, v in host.memory_counters().items()})
         result["swap"] = {"on": swap, "slice_swap_max": host.swap_limit,
                           "zram_before": zram_before, "zram_peak": rep.zram_peak,
                           "zram_after": host.swap_stats(),

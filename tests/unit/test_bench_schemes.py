@@ -3,6 +3,7 @@ config each scheme writes, and the runner's bookkeeping against a simulated Dock
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import threading
@@ -10,6 +11,7 @@ import time
 import tomllib
 from collections import deque
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -342,6 +344,9 @@ class FakeHost:
     def swap_current(self) -> int:
         return 0
 
+    def memory_counters(self) -> dict[str, float]:
+        return {"refault_bytes": 0, "swap_out_bytes": 0, "swap_in_bytes": 0, "stall_s": 0.0}
+
     def swap_stats(self) -> None:
         return None
 
@@ -395,3 +400,23 @@ def test_runner_gates_serialise_tasks_and_avoid_kills() -> None:
         assert (m["tasks_completed"], m["oom_kills"], m["concurrency_max"]) == (4, 0, 1)
         assert m["queue_wait_max_s"] > 0.1  # the last task waited for three others
         assert m["latency_arrival_p95_s"] > m["latency_p95_s"]
+
+
+def test_host_memory_counters_read_the_slice_stat_and_pressure(tmp_path: Path) -> None:
+    """Refaults and swap traffic in bytes (memory.stat counts pages), stall from PSI's `some`
+    total (µs): the figures the simulator's memory model reports, from a real cgroup's files."""
+    from bench.host import Host, Log
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    (tmp_path / "memory.stat").write_text(
+        "anon 100\nworkingset_refault_anon 3\npswpin 2\npswpout 5\nworkingset_refault_file 9\n")
+    (tmp_path / "memory.pressure").write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=2500000\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=1000000\n")
+    host = Host("bench.slice", "img", str(tmp_path / "config.toml"), Log(None, quiet=True))
+    host.cgroup = str(tmp_path)
+    assert host.memory_counters() == {"refault_bytes": 3 * page, "swap_out_bytes": 5 * page,
+                                      "swap_in_bytes": 2 * page, "stall_s": 2.5}
+    host.cgroup = str(tmp_path / "gone")  # a slice already removed: zeros, no exception
+    assert host.memory_counters() == {"refault_bytes": 0, "swap_out_bytes": 0,
+                                      "swap_in_bytes": 0, "stall_s": 0.0}
