@@ -86,6 +86,8 @@ if docker info >/dev/null 2>&1 && [[ -f /sys/fs/cgroup/cgroup.controllers ]]; th
 fi
 
 echo "[demo] no local Docker on cgroup v2: running the demo inside the test VM"
+# qemu and debootstrap to boot the VM, the checkout's venv with matplotlib to draw the plots.
+"$repo/tests/vm/host-setup.sh" bench || exit 1
 export EXECGATE_DEMO_INSTALL=0  # the VM's guest-run.sh has just run install.sh
 export EXECGATE_VM_TIMEOUT=${EXECGATE_VM_TIMEOUT:-1800}
 export EXECGATE_VM_CMD='bash src/demo.sh "$EXECGATE_RESULTS/demo"'
@@ -101,9 +103,7 @@ tail -n +1 -F --pid=$vm "$results/serial.log" 2>/dev/null \
 rc=0
 wait $vm || rc=$?
 if [[ -f $results/demo/results.json ]]; then
-    python=$repo/.venv/bin/python
-    [[ -x $python ]] || python=python3
-    "$python" -m bench.report --plots-optional "$results/demo/results.json" \
+    "$repo/.venv/bin/python" -m bench.report --plots-optional "$results/demo/results.json" \
         | sed 's/^/report: /'
 fi
 exit $rc

@@ -13,24 +13,9 @@ unit_only=0
 [[ ${1:-} == --unit ]] && unit_only=1
 mkdir -p results
 
-need=()
-command -v python3 >/dev/null || need+=(python3)
-python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
-if [[ $unit_only == 0 ]]; then
-    command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-    command -v debootstrap >/dev/null || need+=(debootstrap)
-    command -v debugfs >/dev/null || need+=(e2fsprogs)
-fi
-if [[ ${#need[@]} -gt 0 ]]; then
-    echo "[tests] installing host packages: ${need[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends "${need[@]}" >/dev/null || { echo "apt-get failed"; exit 1; }
-fi
-
-if [[ ! -x .venv/bin/python ]]; then
-    python3 -m venv .venv || exit 1
-fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench,model]' || exit 1
+vm_flag=()
+[[ $unit_only == 1 ]] && vm_flag=(--no-vm)
+tests/vm/host-setup.sh "${vm_flag[@]}" test,bench,model || exit 1
 
 echo "[tests] unit tests (host)"
 .venv/bin/python -m pytest -q -p no:cacheprovider --junitxml=results/unit-junit.xml tests/unit
