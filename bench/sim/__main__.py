@@ -245,6 +245,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
                          f"{m['stall_s']:.0f} | {brief} |")
             print(lines[-1], flush=True)
             out.append({"point": p.label, "scheme": s.name, "metrics": m, "daemon": d or None})
+    if args.against:
+        from bench.repeats import load
+        from bench.sim.against import table as against_table
+
+        lines += ["", f"against the VM ({args.against}): median (range) / sim (error)", "",
+                  *against_table(out, [load(f) for f in args.against.split(",")])]
+        print("\n".join(lines[-len(out) - 4:]), flush=True)
     if args.out:
         _write(args.out, f"{args.name}.md", "\n".join(lines) + "\n")
         _write(args.out, f"{args.name}.json", json.dumps(
@@ -324,6 +331,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--name", default="replay", help="NAME.md and NAME.json in --out")
     r.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "
                    "(the one a VM run ran)")
+    r.add_argument("--against", help="VM results files of the same command (repeats), "
+                   "comma-separated: their median and range beside the simulator's, with the error")
     r.add_argument("replay_args", nargs=argparse.REMAINDER,
                    help="after --: bench.replay sweep's arguments")
     r.set_defaults(func=cmd_replay)
