@@ -225,12 +225,12 @@ def test_train_writes_a_model_the_daemon_loads_and_runs_under_a_millisecond(
     holder.step()
     est = HistoryEstimator(EstimateConfig(), model=holder)
     rows = model_data.trace_rows(str(synthetic / "traces.jsonl"))[:200]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a host busy beside (a VM, CI) must not fail it
     for i, r in enumerate(rows):  # features + three ensembles, as at every submit
         info = CallInfo(f"c{i}", r.sandbox, r.argv)
         assert est.estimate(info).source.startswith("model:")
         est.observe(info, Outcome(r.peak_bytes, r.avg_bytes or 0, r.duration_s))
-    per_call_ms = (time.perf_counter() - start) / len(rows) * 1e3
+    per_call_ms = (time.process_time() - start) / len(rows) * 1e3
     assert per_call_ms < 1.0, f"{per_call_ms:.3f} ms a call"
 
 
