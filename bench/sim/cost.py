@@ -7,7 +7,8 @@ to what the VM measured, not guessed. The results file keeps, per run, the attem
 every exec (start, end, traced duration) and the slice sampled every 150 ms with the number of
 running tasks, so per operation we recover
 
-* run: first exec's start - attempt start - the task's opening LLM wait;
+* run: first exec's start - attempt start - the task's opening LLM wait (under execgate less
+  the create's sandbox-admission wait, which the simulator adds itself);
 * exec: exec end - start - the call's traced duration (successful calls, runc schemes: under
   execgate the same gap also holds the admission wait, which the simulator adds itself);
 * rm: next attempt's start (or the task's end) - the attempt's end;
@@ -110,6 +111,20 @@ def _no_wait(run: Mapping[str, Any]) -> bool:
     return isinstance(wait, int | float) and wait < 1.0
 
 
+def _create_wait(run: Mapping[str, Any], attempt: Mapping[str, Any]) -> float | None:
+    """How long the daemon held the attempt's create (sandbox admission), which the simulator
+    adds itself: 0 where nothing admitted sandboxes (no daemon, or a config without sandbox
+    admission: runs from before it existed); None where it did but recorded no verdict for
+    this create (the gap would hold an unknown wait; fitted with it, execgate's docker run
+    cost every wait twice)."""
+    admits = ((run.get("config") or {}).get("sandbox_admission") or {}).get("enabled", False)
+    if not ((run.get("scheme_def") or {}).get("daemon") and admits):
+        return 0.0
+    verdict = attempt.get("sandbox_admission") or {}
+    waited = verdict.get("waited_s")
+    return float(waited) if isinstance(waited, int | float) else None
+
+
 def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime: str = "runc",
                  ) -> dict[str, list[tuple[int, float]]]:
     """(n live sandboxes, seconds) per operation, from the runs on `runtime`; exec gaps only
@@ -140,7 +155,9 @@ def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime:
                 continue
             opening = task.steps[0].duration_s if isinstance(task.steps[0], LlmWait) else 0.0
             end = first["start"] - opening
-            out["run"].append((live(a["start"], end), end - a["start"]))
+            held = _create_wait(run, a)
+            if held is not None:
+                out["run"].append((live(a["start"], end), end - a["start"] - held))
         for c in run["calls"]:
             if c["exit"] == 0 and pure:
                 out["exec"].append((live(c["start"], c["end"]),

@@ -210,9 +210,9 @@ class Simulation:
                                "calls_total": len(task.tool_calls), "reason": "", "exit": None}
         box_id = f"{task.id}#{n}"
         if self.hands is not None and self.hands.sandboxes is not None:
-            first = task.tool_calls[0] if task.tool_calls else None
-            peak = declared_bytes(hint_for(first)) if first and self.scheme.hints else None
-            yield ("create", (box_id, peak))  # the runtime's create asks before runc's
+            # The runtime's create asks before runc's, knowing no call's peak: the bench's hints
+            # come with each exec, none with docker run (the daemon predicts from history).
+            yield ("create", (box_id, None))
         yield ("op", ("run", 1.0))
         box = SimBox(box_id, task.baseline_bytes, last_active=self.now)
         st.box = box

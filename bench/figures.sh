@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Regenerates the figures of README.md, docs/benchmarks.md and docs/sim/README.md, in one command:
+#   bench/figures.sh sim [OUT]    the simulator's (host, a few minutes of CPU): validation against
+#                                 the VM sweep, the fleet points with the fleet boots' cost fit,
+#                                 hardware costs, 15x and 1,000 sandboxes
+#   bench/figures.sh vm [OUT]     the VM's (hours; one VM at a time): the fleet points (burst,
+#                                 Poisson, Poisson with hot calls, 3 repeats of eager+swap and
+#                                 execgate, the runc baselines once), light load, exec latency,
+#                                 the load sweep, the demo
+#   bench/figures.sh all [OUT]    both (default OUT: results/figures)
+# What each part redoes, and where the committed copy lives, is in docs/benchmarks.md and
+# docs/sim/README.md. Times are the test VM's (qemu TCG): compare ratios within a boot.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+cd "$repo"
+export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
+mode=${1:-all}
+out=$(realpath -m "${2:-$repo/results/figures}")
+python=$repo/.venv/bin/python
+[[ -x $python ]] || python=python3
+mkdir -p "$out"
+
+sim() {
+    local s=$out/sim
+    mkdir -p "$s/fleet" "$s/hw"
+    local fleet w p b
+    # The cost fit of today's runtime (the compiled front): the a982a58 fleet boots.
+    fleet=$(ls "$repo"/docs/replay/fleet/{poisson,burst}-a982a58/repeat-*.json.gz | paste -sd,)
+    w="--tasks 16 --seed 13 --mem-scale 6 --cpu-scale 0 --oversub 8.6 --zram-size 1g"
+    p="--speed 2 --max-calls 3 --idle-scale 0.05 --arrival poisson --mean-gap 20 --admission-wait 300"
+    b="--workload burst --speed 10 --admission-wait 60"
+    # shellcheck disable=SC2086  # the option strings above are word lists
+    {
+        "$python" -m bench.sim validate docs/replay/sweep/results.json.gz --policy-rev fff81fa --out "$s"
+        "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
+            --name fleet-poisson --against "$(ls "$repo"/docs/replay/fleet/poisson-a982a58/repeat-*.json.gz | paste -sd,)" \
+            -- $w --swap on $p --schemes eager+swap,execgate
+        "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
+            --name fleet-burst --against "$(ls "$repo"/docs/replay/fleet/burst-a982a58/repeat-*.json.gz | paste -sd,)" \
+            -- $w --swap on $b --schemes eager+swap,execgate
+        "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
+            --name fleet-poisson-hot -- $w --swap on $p --hot-calls --schemes eager+swap,execgate
+        "$python" -m bench.sim replay --cost hw --swap-bandwidth-mib 1000 --out "$s/hw" --name burst-hw \
+            -- $w --swap on $b --schemes eager+swap,execgate,reserve,static --static-k 2,4,8
+        "$python" -m bench.sim replay --cost hw --swap-bandwidth-mib 1000 --out "$s/hw" \
+            --name burst-hw-off -- $w --swap off $b --schemes eager,reserve,static --static-k 2,3,4,6,8
+        "$python" -m bench.sim replay --cost hw --swap-bandwidth-mib 1000 --out "$s/hw" \
+            --name poisson-hw -- $w --swap on $p --schemes eager+swap,execgate,reserve,static \
+            --static-k 2,4,8
+        "$python" -m bench.sim sweep --sandboxes 64 --budget 5298m --swap --zram --static-k 4,8,16 \
+            --schemes eager,static,reserve,execgate,execgate-noresidency --out "$s/hw"
+        "$python" -m bench.sim sweep --sandboxes 1000 --budget 64g --swap --zram --out "$s"
+        "$python" -m bench.sim sweep --sandboxes 1000 --budget 64g --out "$s/swap-off"
+    } 2>&1 | tee "$out/sim.log"
+}
+
+vm() {
+    REPEATS=3 bench/fleet_results.sh burst "$out/fleet-burst"
+    REPEATS=3 bench/fleet_results.sh poisson "$out/fleet-poisson"
+    REPEATS=3 BASELINES=0 HOT=1 bench/fleet_results.sh poisson "$out/fleet-poisson-hot"
+    EXECGATE_VM_CMD='for r in 1 2; do python3 -m bench.replay demo --budget 2g --out $EXECGATE_RESULTS/light-$r; done' \
+        EXECGATE_VM_TIMEOUT=3600 tests/vm/run.sh cmd "$out/light-load" > "$out/light-load.log" 2>&1 \
+        || echo "figures.sh: light load failed (see $out/light-load.log)" >&2
+    tests/vm/run.sh bench "$out/exec-latency" > "$out/exec-latency.log" 2>&1 \
+        || echo "figures.sh: exec latency failed (see $out/exec-latency.log)" >&2
+    bench/readme_results.sh sweep "$out/sweep"
+    bench/readme_results.sh demo "$out/demo"
+}
+
+case $mode in
+    sim) sim ;;
+    vm) vm ;;
+    all) sim; vm ;;
+    *) echo "usage: bench/figures.sh sim|vm|all [OUT]" >&2; exit 2 ;;
+esac
+echo "figures: $out"
