@@ -24,8 +24,8 @@ from execgate.common import config as config_mod
 from execgate.common import hints, protocol, records
 from execgate.policy.admission import Decision
 
+from . import logs, status
 from . import settings as settings_mod
-from . import status
 from .engine import Engine
 from .exec_op import ExecOp
 from .inside.agents import InsideAgents
@@ -416,8 +416,7 @@ def main() -> None:
                         help="thaw and release what a dead daemon left held, then exit "
                              "(the unit's ExecStopPost)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logs.setup(args.verbose)
     cfg = config_mod.load(args.config)
     if args.recover:
         from .recover import recover
