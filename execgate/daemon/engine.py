@@ -37,11 +37,12 @@ from .events import EventBus
 from .growth_gate import GrowthGate
 from .idle_room import IdleRoom
 from .idle_sandboxes import Residency
+from .journal_follow import JournalFollower
 from .predictor import Predictor
 from .probe_monitor import ProbeMonitor
 from .sandboxes import Sandboxes
 from .settings import Settings
-from .store import JournalFollower, open_store
+from .store import open_store
 
 log = logging.getLogger("execgated")
 
@@ -51,6 +52,10 @@ NEVER_POPULATED_S = 120.0
 # ... and one empty since it held a task for this long: its watcher journals within a second,
 # seconds on a loaded emulated host, and removing the cgroup first loses the call's figures.
 EMPTIED_S = 30.0
+# A step spends about this long at most on the journal's backlog (a chunk more at worst), so a
+# backlog of a million lines never holds the event loop; the daemon steps again soon while
+# the follower is behind (main.py's control loop).
+JOURNAL_STEP_S = 0.02
 RISE_STEP = 1.05  # a call's memory sample is kept for its time to peak when 5 % above the last
 
 
@@ -129,6 +134,7 @@ class Engine:
         self.admission = Admission(settings.admission, self.estimator, clock)
         self.store = open_store(settings.daemon.store)
         self.journal = JournalFollower(cfg.journal, self.store)
+        self.unlearned = 0  # journal lines with a value of the wrong type
         self.events = EventBus()
         self.files = KeptFiles()  # running calls' cgroup files, read every period
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
@@ -170,7 +176,7 @@ class Engine:
 
     def rediscover(self) -> int:
         """Adopt tool calls that are running right now (started before this daemon)."""
-        self._follow_journal()  # calls that ended while we were away are not adopted
+        self.follow_journal()  # calls that ended while we were away are not adopted
         adopted = 0
         for rec in records.containers(self.cfg.state_dir):
             cg = rec.get("cgroup")
@@ -287,7 +293,7 @@ class Engine:
 
     @property
     def _stages(self) -> tuple[tuple[str, Callable[[], None]], ...]:
-        return (("journal", self._follow_journal), ("predictor", self.predictor.step),
+        return (("journal", self.follow_journal), ("predictor", self.predictor.step),
                 ("calls", self._sample_calls),
                 ("probes", lambda: self.probes.step(self.calls)),  # fault rates, OOM kills
                 ("domain", self._sample_domain), ("admission", self._step),
@@ -439,18 +445,34 @@ class Engine:
             return now - call.empty_since > max(EMPTIED_S, grace)
         return now - call.admitted_at > max(NEVER_POPULATED_S, grace)
 
-    def _follow_journal(self) -> None:
-        for entry in self.journal.read_new():
-            cid = entry.get("call")
-            call = self.calls.get(cid) if isinstance(cid, str) else None
-            avg = call.mem_avg if call else None
-            try:
-                self.store.add(entry, avg)
-            except Exception as e:  # noqa: BLE001 - history is best effort
-                log.warning("store: %s", e)
+    def follow_journal(self) -> None:
+        """New journal lines, chunk by chunk, for at most about JOURNAL_STEP_S; what is left
+        waits for the next step (self.journal.behind)."""
+        deadline = time.perf_counter() + JOURNAL_STEP_S
+        while True:
+            with self.store.batch():
+                for entry in self.journal.read_new():
+                    self._journaled(entry)
+            if not self.journal.behind or time.perf_counter() >= deadline:
+                return
+
+    def _journaled(self, entry: dict[str, Any]) -> None:
+        cid = entry.get("call")
+        call = self.calls.get(cid) if isinstance(cid, str) else None
+        avg = call.mem_avg if call else None
+        try:
+            self.store.add(entry, avg)
+        except Exception as e:  # noqa: BLE001 - history is best effort
+            log.warning("store: %s", e)
+        try:
             self._observe(entry, avg)
-            if isinstance(cid, str):
-                self._finish(cid, entry)
+        except (TypeError, ValueError) as e:  # a value of the wrong type: nothing to learn
+            self.unlearned += 1
+            if self.unlearned == 1 or self.unlearned % 1000 == 0:  # a bounded log
+                log.warning("journal: call %s not learned from (%d so far): %s", cid,
+                            self.unlearned, e)
+        if isinstance(cid, str):
+            self._finish(cid, entry)
 
     def _observe(self, entry: dict[str, Any], avg: int | None) -> None:
         if not entry.get("pids_peak") or entry.get("memory_peak") is None:

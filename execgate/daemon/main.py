@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +37,8 @@ from .sandboxes import within
 from .server import Conn, Server, stop_watching
 
 log = logging.getLogger("execgated")
+
+CATCH_UP_PAUSE_S = 0.005  # between two steps of a journal backlog: the loop's own turn
 
 
 def sd_notify(state: str) -> None:
@@ -339,8 +342,21 @@ class Daemon:
             except Exception:
                 log.exception("control loop iteration failed")
             wake.clear()
+            due = time.monotonic() + self.engine.period()
+            await self.catch_up(due)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=self.engine.period())
+                await asyncio.wait_for(wake.wait(), timeout=max(due - time.monotonic(), 0))
+
+    async def catch_up(self, end: float) -> None:
+        """While the journal has a backlog, bounded steps of it until the next tick is due
+        (monotonic `end`), with the requests that arrived served between them."""
+        while self.engine.journal.behind and not self.engine.wake.is_set() and \
+                time.monotonic() < end:
+            try:
+                self.engine.follow_journal()
+            except Exception:  # noqa: BLE001 - the tick's journal stage logs and counts it
+                return
+            await asyncio.sleep(CATCH_UP_PAUSE_S)
 
 
 async def run(cfg: config_mod.Config) -> None:

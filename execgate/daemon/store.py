@@ -7,6 +7,7 @@ so a restarted daemon catches up on calls that ended while it was gone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,8 +15,6 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from typing import Any
-
-from execgate.common import records
 
 log = logging.getLogger("execgated")
 
@@ -70,6 +69,27 @@ class Store:
         except sqlite3.Error:
             return None
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction for what is added inside (a journal chunk: one commit, not one per
+        call). Never raises for the store's sake: the journal is followed even when the store
+        refuses, as without a batch."""
+        try:
+            self.db.execute("BEGIN")
+        except sqlite3.Error as e:
+            log.warning("store: no batch: %s", e)
+            yield
+            return
+        try:
+            yield
+        finally:
+            try:
+                self.db.execute("COMMIT")
+            except sqlite3.Error as e:
+                log.warning("store: batch not kept: %s", e)
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
+
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
@@ -101,42 +121,3 @@ def open_store(path: str) -> Store:
     except OSError as e:
         log.error("store %s: %s; history kept in memory until a restart", path, e)
     return Store(":memory:")
-
-
-class JournalFollower:
-    """Reads whole new lines appended to the journal since the last call.
-
-    The position (inode and offset) is kept in the store, so restarts resume where they left;
-    a replaced or truncated journal is read from its start.
-    """
-
-    def __init__(self, path: str, store: Store) -> None:
-        self.path = path
-        self.store = store
-        saved = (store.get_meta("journal_pos") or "0:0").split(":")
-        self.inode, self.offset = int(saved[0]), int(saved[1])
-        self.failing = False  # the store refused the last position
-
-    def read_new(self) -> list[dict[str, Any]]:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return []
-        if st.st_ino != self.inode or st.st_size < self.offset:
-            self.inode, self.offset = st.st_ino, 0
-        if st.st_size == self.offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(st.st_size - self.offset)
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
-        out = records.journal_entries(data[:end].splitlines())
-        self.offset += end
-        try:  # where to resume after a restart: a full or locked store must not stop the read
-            self.store.set_meta("journal_pos", f"{self.inode}:{self.offset}")
-            self.failing = False
-        except sqlite3.Error as e:
-            if not self.failing:  # once, not every period
-                log.warning("store: journal position not kept: %s", e)
-            self.failing = True
-        return out

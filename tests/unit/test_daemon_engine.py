@@ -13,7 +13,8 @@ from execgate.common.config import Config
 from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine
-from execgate.daemon.store import JournalFollower, Store
+from execgate.daemon.journal_follow import JournalFollower
+from execgate.daemon.store import Store
 
 
 class Clock:
