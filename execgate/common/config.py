@@ -102,7 +102,7 @@ _DEFAULTS = {name: getattr(Config, name) for name in (*SETTINGS, *_LOADED)}
 # The sub-tables, each read by its owner: the daemon's (daemon/settings.py) and install.sh's
 # [swap] (ctl/swap.py). Any other is reported as unknown (a misspelled table is not silent).
 TABLES = ("daemon", "pressure", "admission", "estimate", "growth", "inside", "residency",
-          "sandbox_admission", "headroom", "metrics", "predictor", "swap")
+          "sandbox_admission", "headroom", "metrics", "predictor", "retention", "swap")
 
 
 def _coerce(name: str, value: object, default: object) -> object:

@@ -351,10 +351,20 @@ def _file_name(sandbox: str) -> str:
     return clean
 
 
+def warnings_dir(state_dir: str) -> str:
+    """Where the sandboxes' records of bad hints warned about are (daemon/retention.py prunes)."""
+    return os.path.join(state_dir, "hint-warnings")
+
+
+def warnings_path(state_dir: str, sandbox: str) -> str:
+    """The sandbox's record of the bad hints it was warned about."""
+    return os.path.join(warnings_dir(state_dir), _file_name(sandbox))
+
+
 def forget_warnings(state_dir: str, sandbox: str) -> None:
     """The sandbox is gone: drop its record of warnings (state must not grow forever)."""
     try:
-        os.unlink(os.path.join(state_dir, "hint-warnings", _file_name(sandbox)))
+        os.unlink(warnings_path(state_dir, sandbox))
     except OSError:
         pass
 
@@ -369,14 +379,13 @@ def should_warn(state_dir: str, sandbox: str, value: str) -> bool:
     """
     try:
         key = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        directory = os.path.join(state_dir, "hint-warnings")
-        path = os.path.join(directory, _file_name(sandbox))
+        path = warnings_path(state_dir, sandbox)
         try:
             with open(path, "rb") as f:
                 if key.encode() in f.read().split():
                     return False
         except FileNotFoundError:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, key.encode() + b"\n")

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from execgate.common import config as config_mod
-from execgate.common import records
+from execgate.common import journal
 
 from . import configure
 from . import model as model_cmd
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "model":
         return model_cmd.run(args, cfg)
     elif args.cmd == "calls":
-        calls = records.tail_journal(cfg.journal, args.n)
+        calls = journal.tail(cfg.journal, args.n)  # the rotated files too
         if args.json:
             for c in calls:
                 print(json.dumps(c))

@@ -55,6 +55,7 @@ def _config(cfg: Config) -> Any:
 
 
 def _sources(args: argparse.Namespace, cfg: Config) -> list[str]:
+    from execgate.common import journal
     from execgate.daemon import settings as settings_mod
 
     from .model_data import find_sources
@@ -62,7 +63,7 @@ def _sources(args: argparse.Namespace, cfg: Config) -> list[str]:
     if args.sources:
         return [p for src in args.sources for p in find_sources(src)]
     store = settings_mod.load(cfg)[0].daemon.store
-    return [store] if os.path.isfile(store) else [cfg.journal]
+    return [store] if os.path.isfile(store) else journal.files(cfg.journal) or [cfg.journal]
 
 
 def holdout_scores(rows: Sequence[CallRow], x: Sequence[Sequence[float]], cfg: Any,

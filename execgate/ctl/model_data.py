@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -77,9 +78,10 @@ def journal_row(entry: dict[str, Any], avg: int | None = None) -> CallRow | None
 
 
 def journal_rows(path: str) -> list[CallRow]:
-    with open(path, "rb") as f:
-        entries = records.journal_entries(f.read().splitlines())
-    return [r for e in entries if (r := journal_row(e)) is not None]
+    """The rows of one journal file, read a line at a time."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(path)
+    return [r for e in records.read_journal(path) if (r := journal_row(e)) is not None]
 
 
 def store_rows(path: str) -> list[CallRow]:
@@ -164,13 +166,18 @@ def rows_from(paths: Iterable[str]) -> list[CallRow]:
     return unique
 
 
+# Journals (calls.jsonl, and the daemon's rotated calls.jsonl.N), stores, trace files.
+SOURCE = re.compile(r"\.(jsonl(\.[0-9]+)?|sqlite)$")
+
+
 def find_sources(root: str) -> list[str]:
-    """Journals (calls.jsonl), stores and trace files (*.jsonl) below a directory."""
+    """Journals (calls.jsonl and its rotated files), stores and trace files (*.jsonl) below a
+    directory."""
     if os.path.isfile(root):
         return [root]
     found = []
     for d, _dirs, files in os.walk(root):
-        found += [os.path.join(d, n) for n in files if n.endswith((".jsonl", ".sqlite"))]
+        found += [os.path.join(d, n) for n in files if SOURCE.search(n)]
     return sorted(found)
 
 

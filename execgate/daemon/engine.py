@@ -40,6 +40,7 @@ from .idle_sandboxes import Residency
 from .journal_follow import JournalFollower
 from .predictor import Predictor
 from .probe_monitor import ProbeMonitor
+from .retention import Retention
 from .sandboxes import Sandboxes
 from .settings import Settings
 from .store import open_store
@@ -135,6 +136,8 @@ class Engine:
         self.store = open_store(settings.daemon.store)
         self.journal = JournalFollower(cfg.journal, self.store)
         self.unlearned = 0  # journal lines with a value of the wrong type
+        self.retention = Retention(settings.retention, cfg.journal, cfg.state_dir, self.store,
+                                   self.journal)
         self.events = EventBus()
         self.files = KeptFiles()  # running calls' cgroup files, read every period
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
@@ -298,7 +301,7 @@ class Engine:
                 ("probes", lambda: self.probes.step(self.calls)),  # fault rates, OOM kills
                 ("domain", self._sample_domain), ("admission", self._step),
                 ("growth", self._step_growth), ("residency", self._step_residency),
-                ("sandboxes", self._step_sandboxes))
+                ("sandboxes", self._step_sandboxes), ("retention", self.retention.step))
 
     def _step_growth(self) -> None:
         if self.reading is not None and self.sample is not None:
@@ -525,6 +528,7 @@ class Engine:
             "sandbox_admission": self.sandboxes.snapshot(),
             "probes": self.probes.snapshot(),
             "history_calls": self.store.count(),
+            "retention": self.retention.snapshot(),
             "predictor": self.predictor.snapshot(),
             "loop": self.loop.snapshot(),
             "uptime_s": round(time.time() - self.started, 1),

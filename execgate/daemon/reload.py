@@ -51,6 +51,7 @@ LIVE: dict[str, frozenset[str] | None] = {
                                     "settle_s"}),
     "headroom": ALL,
     "metrics": frozenset(),  # the endpoint is bound at start
+    "retention": ALL,
 }
 # Top-level keys the daemon took at start; the others are the runtime's, which reads the file
 # at its next call anyway.
@@ -127,6 +128,7 @@ def apply(engine: Engine, s: Settings) -> None:
     engine.sandboxes.policy.model.config = s.sandboxes
     engine.sandboxes.headroom = s.headroom
     engine.idle_room.cfg = s.headroom
+    engine.retention.cfg = s.retention
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The daemon's tunables: config.toml's [daemon], [pressure], [admission], [estimate], [growth],
-[inside], [residency], [sandbox_admission], [headroom] and [metrics] tables mapped onto the
-policy dataclasses, with sizes written the way hints write them ("512m").
+[inside], [residency], [sandbox_admission], [headroom], [metrics], [predictor] and [retention]
+tables mapped onto the policy dataclasses, with sizes written the way hints write them ("512m").
 
 A bad value never stops the daemon: that key keeps its default (the rest of its table is read)
 and the error is logged, at the file's line. An unknown key is a warning; so is a deprecated
@@ -26,6 +26,7 @@ from execgate.policy.residency import ResidencyConfig
 from execgate.policy.sandbox_admission import SandboxAdmissionConfig
 
 from .predictor import PredictorConfig
+from .retention import RetentionConfig
 
 T = TypeVar("T")
 
@@ -119,6 +120,7 @@ class Settings:
     headroom: HeadroomConfig = dataclasses.field(default_factory=HeadroomConfig)
     metrics: MetricsConfig = MetricsConfig()
     predictor: PredictorConfig = dataclasses.field(default_factory=PredictorConfig)
+    retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
 
 
 # config.toml's daemon tables and the dataclass each one fills.
@@ -127,6 +129,7 @@ TABLES: dict[str, type] = {
     "estimate": EstimateConfig, "growth": GrowthConfig, "inside": InsideConfig,
     "residency": ResidencyConfig, "sandbox_admission": SandboxAdmissionConfig,
     "headroom": HeadroomConfig, "metrics": MetricsConfig, "predictor": PredictorConfig,
+    "retention": RetentionConfig,
 }
 
 
@@ -357,5 +360,6 @@ def load(cfg: Config) -> tuple[Settings, list[Problem]]:
         headroom=from_table(HeadroomConfig, table("headroom"), "headroom", report),
         metrics=from_table(MetricsConfig, table("metrics"), "metrics", report),
         predictor=from_table(PredictorConfig, table("predictor"), "predictor", report),
+        retention=from_table(RetentionConfig, table("retention"), "retention", report),
     )
     return settings, report.problems(cfg.path)

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from execgate.cgroups import container, v2
-from execgate.common import records
+from execgate.common import journal, records
 from execgate.common.config import Config
 
 
@@ -66,5 +66,5 @@ def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
             # how its create was admitted (runtime/create.py): verdict, waited_s; None: not asked
             "start": rec.get("start"),
         })
-    finished = records.tail_journal(cfg.journal, recent)
+    finished = journal.tail(cfg.journal, recent)
     return {"time": now, "sandboxes": sandboxes, "recent_calls": finished}

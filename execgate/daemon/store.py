@@ -90,6 +90,22 @@ class Store:
                 with contextlib.suppress(sqlite3.Error):
                     self.db.execute("ROLLBACK")
 
+    def prune(self, before: float | None, max_rows: int, limit: int) -> int:
+        """Delete calls that started before `before`, then the oldest beyond max_rows (0: no
+        limit), at most `limit` rows in all (a big first prune is spread over steps); how many
+        were deleted."""
+        deleted = 0
+        if before is not None:
+            deleted += self.db.execute(
+                "DELETE FROM calls WHERE rowid IN (SELECT rowid FROM calls WHERE start < ? "
+                "ORDER BY start LIMIT ?)", (before, limit)).rowcount
+        over = (self.count() or 0) - max_rows if max_rows else 0
+        if over > 0 and deleted < limit:
+            deleted += self.db.execute(
+                "DELETE FROM calls WHERE rowid IN (SELECT rowid FROM calls ORDER BY start "
+                "LIMIT ?)", (min(over, limit - deleted),)).rowcount
+        return deleted
+
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
