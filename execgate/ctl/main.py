@@ -9,6 +9,8 @@ from typing import Any
 
 from execgate.common import config as config_mod
 from execgate.common import journal
+from execgate.common.hints import escape
+from execgate.common.units import short
 
 from . import configure
 from . import model as model_cmd
@@ -19,8 +21,16 @@ def _source(source: str | None) -> str:
         source or "", "by nothing: see the daemon's log")
 
 
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / (1 << 20):.1f}M"
+def _command(argv: list[str] | None, width: int = 40) -> str:
+    """A command line for a table: printable ASCII (an agent's argv may hold terminal escapes),
+    cut to width with "..." at its end."""
+    cmd = escape(" ".join(argv or []))
+    return cmd if len(cmd) <= width else cmd[:width - 3] + "..."
+
+
+def _names(snap: dict[str, Any]) -> dict[str, str]:
+    """Container id -> the name status shows (daemon/names.py), for the sandboxes it lists."""
+    return {b["id"]: b.get("name") or b["id"][:12] for b in snap.get("sandboxes", [])}
 
 
 # `execgatectl status`'s exit status when the daemon did not answer (systemctl's "not running"):
@@ -44,12 +54,12 @@ def _status(cfg: config_mod.Config) -> tuple[dict[str, Any], str, bool]:
     return status.collect(cfg), source, False
 
 
-def print_daemon(d: dict[str, Any]) -> None:
+def print_daemon(d: dict[str, Any], names: dict[str, str] | None = None) -> None:
     p = d.get("pressure") or {}
     adm = d.get("admission") or {}
     print(f"domain: {d.get('domain')}   pressure: {str(p.get('state', '?')).upper()}   "
-          f"headroom {_mib(p.get('headroom'))} (effective {_mib(p.get('effective_headroom'))}) "
-          f"of budget {_mib(p.get('budget'))}")
+          f"headroom {short(p.get('headroom'))} (effective {short(p.get('effective_headroom'))}) "
+          f"of budget {short(p.get('budget'))}")
     if p.get("reason"):
         print(f"  why: {p['reason']}")
     growth = d.get("growth") or {}
@@ -62,7 +72,7 @@ def print_daemon(d: dict[str, Any]) -> None:
         print(f"residency: {'on' if res.get('enabled') else 'off'} (idle after "
               f"{res.get('idle_after_s')} s); frozen {res.get('frozen', 0)}, thawed "
               f"{res.get('thawed', 0)}, {res.get('reclaims', 0)} reclaims took "
-              f"{_mib(res.get('reclaimed_bytes'))}")
+              f"{short(res.get('reclaimed_bytes'))}")
     ins = d.get("inside") or {}
     if ins.get("containers"):
         print(f"inside agents: {ins['containers']} containers, {ins.get('calls', 0)} calls now; "
@@ -74,20 +84,30 @@ def print_daemon(d: dict[str, Any]) -> None:
     print_sandbox_admission(d.get("sandbox_admission") or {})
     queued = adm.get("queued") or []
     running = adm.get("running") or []
-    print(f"admitted {_mib(adm.get('admitted_bytes'))}; {len(running)} running, "
+    print(f"admitted {short(adm.get('admitted_bytes'))}; {len(running)} running, "
           f"{len(queued)} queued; history: {d.get('history_calls', 0)} calls")
     if d.get("predictor"):
         print(model_cmd.status_line(d["predictor"]))
+    kept = d.get("retention") or {}
+    removed = kept.get("removed") or {}
+    if kept.get("rotations") or any(removed.values()):
+        print(f"retention: journal rotated {kept.get('rotations', 0)} times; removed "
+              f"{removed.get('journal_files', 0)} journal files, "
+              f"{removed.get('store_rows', 0)} store rows, "
+              f"{removed.get('hint_warnings', 0)} hint-warning files")
     print_counts(d.get("calls") or {}, d.get("config") or {}, d.get("exec") or {},
                  d.get("lifecycle") or {})
     if queued:
         print(f"\nQUEUED ({len(queued)})")
-        print(f"{'CALL':<18} {'SANDBOX':<14} {'QUEUE':<6} {'PEAK':>9} {'WAIT':>7}  SOURCE")
+        print(f"{'CALL':<18} {'SANDBOX':<14} {'QUEUE':<6} {'PEAK':>9} {'WAIT':>7}  "
+              f"{'SOURCE':<9} COMMAND")
         for q in queued:
             dem = q.get("demand") or {}
-            print(f"{q.get('call_id', ''):<18} {str(q.get('sandbox', ''))[:12]:<14} "
-                  f"{q.get('queue', ''):<6} {_mib(dem.get('peak_bytes')):>9} "
-                  f"{q.get('waited_s', 0):>6.1f}s  {dem.get('source', '')}")
+            box = str(q.get("sandbox", ""))
+            print(f"{q.get('call_id', ''):<18} {(names or {}).get(box, box)[:14]:<14} "
+                  f"{q.get('queue', ''):<6} {short(dem.get('peak_bytes')):>9} "
+                  f"{q.get('waited_s', 0):>6.1f}s  {dem.get('source', ''):<9} "
+                  f"{_command(q.get('argv'))}")
 
 
 def print_counts(calls: dict[str, Any], conf: dict[str, Any], front: dict[str, Any],
@@ -129,7 +149,7 @@ def print_sandbox_admission(sa: dict[str, Any]) -> None:
         print(f"{'CONTAINER':<14} {'WAITED':>7} {'BASELINE':>9}  WHY")
         for w in waiting:
             print(f"{str(w.get('sandbox_id', ''))[:12]:<14} {w.get('waited_s', 0):>6.1f}s "
-                  f"{_mib(w.get('baseline_bytes')):>9}  {w.get('reason', '')}")
+                  f"{short(w.get('baseline_bytes')):>9}  {w.get('reason', '')}")
 
 
 def print_probes(pr: dict[str, Any]) -> None:
@@ -149,8 +169,9 @@ def print_probes(pr: dict[str, Any]) -> None:
 
 def print_status(snap: dict[str, Any], source: str) -> None:
     print(f"source: {source}")
+    names = _names(snap)
     if snap.get("daemon"):
-        print_daemon(snap["daemon"])
+        print_daemon(snap["daemon"], names)
     boxes = snap.get("sandboxes", [])
     print(f"\nSANDBOXES ({len(boxes)})")
     print(f"{'CONTAINER':<14} {'MANAGED':<8} {'MEMORY':>9} {'ANON':>9} {'SWAPPED':>9} "
@@ -162,34 +183,40 @@ def print_status(snap: dict[str, Any], source: str) -> None:
         if not box["managed"]:
             note = box.get("reason") or "unmanaged"
         limit = box.get("memory_max")
-        limit = _mib(int(limit)) if limit and limit.isdigit() else (limit or "-")
-        print(f"{box['id'][:12]:<14} {'yes' if box['managed'] else 'no':<8} "
-              f"{_mib(box.get('memory_current')):>9} {_mib(box.get('memory_anon')):>9} "
-              f"{_mib(box.get('memory_swap_current')):>9} {limit:>9} {len(box['calls']):>5}  "
+        limit = short(int(limit)) if limit and limit.isdigit() else (limit or "-")
+        print(f"{names[box['id']][:14]:<14} {'yes' if box['managed'] else 'no':<8} "
+              f"{short(box.get('memory_current')):>9} {short(box.get('memory_anon')):>9} "
+              f"{short(box.get('memory_swap_current')):>9} {limit:>9} {len(box['calls']):>5}  "
               f"{note}")
     live = [(box["id"], c) for box in boxes for c in box["calls"]]
+    # what the agent asked to run, as the daemon admitted it; else the call's process now
+    asked = {r.get("call_id"): r.get("argv") for r in
+             ((snap.get("daemon") or {}).get("admission") or {}).get("running") or []}
     print(f"\nRUNNING CALLS ({len(live)})")
-    print(f"{'CONTAINER':<14} {'CALL':<18} {'MEMORY':>9} {'PEAK':>9} {'PIDS':>4} {'AGE':>7}  STATE")
+    print(f"{'CONTAINER':<14} {'CALL':<18} {'MEMORY':>9} {'PEAK':>9} {'PIDS':>4} {'AGE':>7}  "
+          f"{'STATE':<7} COMMAND")
     for cid, c in live:
         age = "-" if c.get("age") is None else f"{c['age']:.1f}s"
-        print(f"{cid[:12]:<14} {c['call']:<18} {_mib(c.get('memory_current')):>9} "
-              f"{_mib(c.get('memory_peak')):>9} {c.get('pids', 0):>4} {age:>7}  "
-              f"{'frozen' if c.get('frozen') else 'running'}")
+        print(f"{names[cid][:14]:<14} {c['call']:<18} {short(c.get('memory_current')):>9} "
+              f"{short(c.get('memory_peak')):>9} {c.get('pids', 0):>4} {age:>7}  "
+              f"{'frozen' if c.get('frozen') else 'running':<7} "
+              f"{_command(asked.get(c['call']) or c.get('argv'))}")
     unadmitted = [b["id"] for b in boxes if (b.get("start") or {}).get("admitted") is False]
     if unadmitted:
         print(f"started unadmitted (no daemon at create): {len(unadmitted)}")
-    print_calls(snap.get("recent_calls", []), title="RECENT CALLS")
+    print_calls(snap.get("recent_calls", []), title="RECENT CALLS", names=names)
 
 
-def print_calls(calls: list[dict[str, Any]], title: str = "CALLS") -> None:
+def print_calls(calls: list[dict[str, Any]], title: str = "CALLS",
+                names: dict[str, str] | None = None) -> None:
     print(f"\n{title} ({len(calls)})")
     print(f"{'CONTAINER':<14} {'CALL':<18} {'EXIT':>5} {'OOM':>4} {'PEAK':>9} {'SECS':>7}  COMMAND")
     for c in calls:
         code = "-" if c.get("exit_code") is None else str(c["exit_code"])
-        cmd = " ".join(c.get("argv") or [])
-        print(f"{str(c.get('container', ''))[:12]:<14} {c.get('call', ''):<18} {code:>5} "
-              f"{'yes' if c.get('oom_killed') else 'no':>4} {_mib(c.get('memory_peak')):>9} "
-              f"{c.get('duration', 0):>7.2f}  {cmd[:60]}")
+        cid = str(c.get("container", ""))
+        print(f"{(names or {}).get(cid, cid[:12])[:14]:<14} {c.get('call', ''):<18} {code:>5} "
+              f"{'yes' if c.get('oom_killed') else 'no':>4} {short(c.get('memory_peak')):>9} "
+              f"{c.get('duration', 0):>7.2f}  {_command(c.get('argv'), 60)}")
 
 
 def stream_events(cfg: config_mod.Config) -> int:

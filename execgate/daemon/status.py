@@ -14,8 +14,11 @@ from execgate.cgroups import container, v2
 from execgate.common import journal, records
 from execgate.common.config import Config
 
+from . import names
+
 
 def _live_call(path: str, now: float) -> dict[str, Any]:
+    pids = v2.procs(path)
     try:
         age = now - os.stat(path).st_mtime
     except OSError:
@@ -24,10 +27,27 @@ def _live_call(path: str, now: float) -> dict[str, Any]:
         "call": os.path.basename(path),
         "memory_current": v2.read_int(path, "memory.current"),
         "memory_peak": v2.read_int(path, "memory.peak"),
-        "pids": len(v2.procs(path)),
+        "pids": len(pids),
+        "argv": _command(pids),
         "frozen": v2.read_int(path, "cgroup.freeze") == 1,
         "age": age,
     }
+
+
+def _command(pids: list[int]) -> list[str]:
+    """The command line of a call's first process (what it runs now: an `sh -c` may have
+    exec'd its command), or [] once it is gone."""
+    for pid in pids[:1]:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                raw = f.read(CMDLINE_MAX)
+        except OSError:
+            return []
+        return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    return []
+
+
+CMDLINE_MAX = 4096  # status shows a shortened command anyway
 
 
 # memory.stat fields shown per sandbox: anonymous memory in RAM, and what zswap holds of it
@@ -51,6 +71,7 @@ def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
         alive = bool(cg) and os.path.isdir(cg)
         sandboxes.append({
             "id": rec["id"],
+            "name": names.name_of(rec),
             "sandbox": rec.get("sandbox", rec["id"]),
             "managed": bool(rec.get("managed")),
             "reason": rec.get("reason"),

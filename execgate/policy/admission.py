@@ -381,6 +381,7 @@ class Admission:
                     "call_id": e.call.call_id,
                     "sandbox": e.call.sandbox,
                     "queue": e.queue,
+                    "argv": list(e.call.argv),
                     "demand": demand(e),
                     "charge_bytes": e.charge,
                     "admitted_at": e.admitted_at,

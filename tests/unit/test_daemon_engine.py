@@ -66,6 +66,7 @@ def test_calls_wait_for_room_and_run_when_earlier_ones_finish(tmp_path: Path) ->
         snap = eng.snapshot()
         assert snap["pressure"]["state"] in ("green", "yellow", "red")
         assert {r["call_id"] for r in snap["admission"]["running"]} >= {f"tool-{waiting[0]}"}
+        assert {tuple(r["argv"]) for r in snap["admission"]["running"]} == {("pytest",)}
 
     asyncio.run(scenario())
 
