@@ -81,6 +81,7 @@ def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None]
                     detach=flags.is_set("detach"), hint=_hint(cfg, spec, rec, cg, log, say),
                     oom_score_adj=cfg.tool_oom_score_adj,
                     hold_exit=cfg.tty_exit_hold, arrival=time.time())
+    call.redact = cfg.redact_commands
     return Plan(inv, flags, rec, spec, call)
 
 

@@ -20,7 +20,7 @@ ADMIT_ARGV_CHARS = 64 << 10
 # In the journal in this order; the optional ones only when known (not None).
 _ALWAYS = ("call", "container", "sandbox", "cgroup", "argv", "tty", "detach", "hint")
 _OPTIONAL = ("oom_score_adj", "hold_exit", "arrival", "managed", "waited_s", "forced",
-             "cgroup_id", "start", "inside", "adopted")
+             "cgroup_id", "start", "inside", "adopted", "command_class")
 
 
 class ToolCall:
@@ -30,9 +30,9 @@ class ToolCall:
     `inside` holds an inside agent's placement figures (daemon/inside/), None for docker exec.
     """
 
-    __slots__ = ("adopted", "argv", "arrival", "call", "cgroup", "cgroup_id", "container",
-                 "daemon", "detach", "forced", "hint", "hold_exit", "inside", "managed",
-                 "oom_score_adj", "sandbox", "start", "tty", "waited_s")
+    __slots__ = ("adopted", "argv", "arrival", "call", "cgroup", "cgroup_id", "command_class",
+                 "container", "daemon", "detach", "forced", "hint", "hold_exit", "inside",
+                 "managed", "oom_score_adj", "redact", "sandbox", "start", "tty", "waited_s")
 
     def __init__(self, call: str, container: str, sandbox: str, cgroup: str, argv: list[str],
                  *, tty: bool = False, detach: bool = False,
@@ -56,6 +56,8 @@ class ToolCall:
         self.cgroup_id: int | None = None  # the tool cgroup's inode, to check an exit status
         self.start: float | None = None  # when it was let run; None: not yet
         self.inside: dict[str, Any] | None = None
+        self.redact = False  # redact_commands: the journal keeps the program and its class
+        self.command_class: str | None = None  # given with a redacted argv
         self.adopted: bool | None = None  # taken over from a previous daemon
 
     def admit_request(self) -> dict[str, Any]:
@@ -83,6 +85,8 @@ class ToolCall:
             value = getattr(self, k)
             if value is not None:
                 out[k] = value
+        if self.redact and self.argv:
+            out["argv"], out["command_class"] = _redacted(self.argv)
         return out
 
     @classmethod
@@ -94,3 +98,11 @@ class ToolCall:
             if k in d:
                 setattr(c, k, d[k])
         return c
+
+
+def _redacted(argv: list[str]) -> tuple[list[str], str]:
+    """An argv as redact_commands journals it: its program's name, and its class (what the
+    daemon learns by), without the arguments."""
+    from execgate.common.commands import classify_command
+
+    return [argv[0].rsplit("/", 1)[-1]], classify_command(argv)

@@ -35,6 +35,9 @@ class Config:
     state_dir: str = "/run/execgate"
     # Append-only JSONL of finished tool calls (outcome, duration, peak memory).
     journal: str = "/var/lib/execgate/calls.jsonl"
+    # Journal lines keep a call's program and command class, not its arguments (paths, tokens
+    # and prompts stay off the disk; what is learned is by class only).
+    redact_commands: bool = False
     # execgate's own debug log; empty disables it.
     debug_log: str = ""
     # Controllers enabled for tool-call cgroups inside each container's cgroup.

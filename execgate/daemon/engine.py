@@ -24,6 +24,7 @@ from typing import Any
 from execgate.calls.oom_score import raise_oom_score_adj
 from execgate.cgroups import container, v2
 from execgate.common import records
+from execgate.common.commands import CLASS_RANK
 from execgate.common.config import Config
 from execgate.policy.admission import Admission, Decision
 from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
@@ -119,7 +120,12 @@ def call_info(msg: dict[str, Any], arrival: float | None = None) -> CallInfo:
                     argv=[str(a) for a in msg.get("argv") or []],
                     declared_bytes=declared if isinstance(declared, int) else None,
                     priority=priority if priority in ("low", "normal", "high") else "normal",
-                    arrival=arrival)
+                    arrival=arrival, command_class=_command_class(msg.get("command_class")))
+
+
+def _command_class(value: object) -> str | None:
+    """A redacted journal line's class (calls/record.py), if it is one."""
+    return value if isinstance(value, str) and value in CLASS_RANK else None
 
 
 class Engine:

@@ -55,7 +55,7 @@ LIVE: dict[str, frozenset[str] | None] = {
 }
 # Top-level keys the daemon took at start; the others are the runtime's, which reads the file
 # at its next call anyway.
-RESTART_TOP = ("socket", "state_dir", "journal", "tool_oom_score_adj")
+RESTART_TOP = ("socket", "state_dir", "journal", "tool_oom_score_adj", "redact_commands")
 
 
 def _attr(table: str) -> str:

@@ -75,6 +75,8 @@ class CallInfo:
     priority: str = "normal"  # 'low' | 'normal' | 'high'
     # Arrival time on the admission clock; None lets Admission.submit stamp it.
     arrival: float | None = None
+    # Its class when the argv cannot tell (a redacted journal line: the program alone).
+    command_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -305,7 +307,7 @@ class HistoryEstimator:
             _Window.add(self._declared, call.sandbox, cfg.declared_window,
                         math.log(_clamp(peak / declared, lo, hi)),
                         math.log(_clamp(avg / declared, lo, hi)))
-        cls = classify_command(call.argv)
+        cls = call.command_class or classify_command(call.argv)
         for store, key in ((self._by_sandbox, (call.sandbox, cls)), (self._by_class, cls)):
             _Window.add(store, key, cfg.history_window, peak, avg)
         self.calls.observe(call.sandbox, call.argv, peak, outcome.duration_s, cls)

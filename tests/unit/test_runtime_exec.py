@@ -334,6 +334,17 @@ def test_a_managed_call_is_admitted_and_runs_in_its_own_cgroup(
     assert box.warnings() == []
 
 
+def test_redact_commands_keeps_arguments_off_the_journal(box: Box, daemon: FakeDaemon) -> None:
+    argv = box.argv(box.process_spec(["/usr/bin/pytest", "-x", "--token=hunter2"]))
+    proc = box.run(argv, status=0, redact_commands=True)
+    assert proc.returncode == 0, proc.stderr
+    admit, _ = daemon.requests
+    assert admit["argv"][-1] == "--token=hunter2"  # the daemon still predicts from it all
+    (entry,) = box.journal_entries()
+    assert entry["argv"] == ["pytest"] and entry["command_class"] == "test"
+    assert "hunter2" not in box.journal.read_text()
+
+
 def test_a_declared_size_becomes_memory_high_when_configured(box: Box,
                                                              daemon: FakeDaemon) -> None:
     argv = box.argv(box.process_spec(["cargo", "build"], "mem=300m"))

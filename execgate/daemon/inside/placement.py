@@ -105,6 +105,7 @@ class Placement(AgentsState):
                         hint=self._hint(m.tgid, box, stderr, tty),
                         oom_score_adj=self.cfg.tool_oom_score_adj,
                         arrival=time.time() - (moved_ns - m.exec_ns) / 1e9)
+        call.redact = self.cfg.redact_commands
         call.inside = {
                 "pid": m.tgid, "agent_pid": m.parent,
                 "placement_us": round((moved_ns - m.exec_ns) / 1000, 1), "at_exec": m.at_exec,
