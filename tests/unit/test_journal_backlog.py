@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_daemon_engine import _engine
 
-from execgate.common.config import Config
 from execgate.common.units import MiB
 from execgate.daemon import engine as engine_mod
-from execgate.daemon import settings
-from execgate.daemon.engine import Engine
 
 LINES = 200_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,18 +81,11 @@ def test_a_200k_line_backlog_is_read_in_bounded_chunks(tmp_path: Path) -> None:
 
 def test_an_engine_step_takes_a_bounded_part_of_the_backlog(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    dom = tmp_path / "domain"
-    dom.mkdir()
-    (dom / "memory.max").write_text(f"{1 << 30}\n")
-    (dom / "memory.current").write_text(f"{64 * MiB}\n")
-    journal = tmp_path / "calls.jsonl"
+    eng, _, journal = _engine(tmp_path, budget=1 << 30, used=64 * MiB)
     _journal(journal, 3000)
     with open(journal, "a") as f:  # a value of the wrong type is skipped, never the next line
         f.write(json.dumps({"call": "bad", "memory_peak": "x", "pids_peak": 1}) + "\n")
         f.write(json.dumps({"call": "last", "memory_peak": 1, "pids_peak": 1}) + "\n")
-    cfg = Config(state_dir=str(tmp_path / "state"), journal=str(journal),
-                 tables={"daemon": {"domain": str(dom), "store": str(tmp_path / "h.sqlite")}})
-    eng = Engine(cfg, settings.load(cfg)[0])
     monkeypatch.setattr(engine_mod, "JOURNAL_STEP_S", 0.0)  # one chunk a step
     eng.follow_journal()
     first = eng.store.count() or 0

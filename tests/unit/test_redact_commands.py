@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from test_daemon_engine import _engine
+
 from execgate.calls import outcome
 from execgate.calls.record import ToolCall
 from execgate.common import config
 from execgate.common.config import Config
 from execgate.common.units import MiB
-from execgate.daemon import settings
-from execgate.daemon.engine import Engine
 from execgate.policy.estimate import CallInfo
 
 SECRET = "--token=hunter2"
@@ -51,14 +51,7 @@ def test_the_setting_is_read_and_shipped(tmp_path: Path) -> None:
 
 
 def test_the_daemon_learns_a_redacted_call_by_its_class(tmp_path: Path) -> None:
-    dom = tmp_path / "domain"
-    dom.mkdir()
-    (dom / "memory.max").write_text(f"{1 << 30}\n")
-    (dom / "memory.current").write_text(f"{64 * MiB}\n")
-    journal = tmp_path / "calls.jsonl"
-    cfg = Config(state_dir=str(tmp_path / "state"), journal=str(journal),
-                 tables={"daemon": {"domain": str(dom), "store": str(tmp_path / "h.sqlite")}})
-    eng = Engine(cfg, settings.load(cfg)[0])
+    eng, _, journal = _engine(tmp_path, budget=1 << 30, used=64 * MiB)
     entry = {**_call(True).journal(), "memory_peak": 700 * MiB, "pids_peak": 2, "duration": 3.0}
     journal.write_text(json.dumps(entry) + "\n")
     eng.follow_journal()
