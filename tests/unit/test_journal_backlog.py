@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,29 @@ def test_an_engine_step_takes_a_bounded_part_of_the_backlog(
         eng.follow_journal()
         steps += 1
     assert eng.store.count() == 3002 and steps > 10
+
+
+def test_the_control_loop_takes_the_backlog_in_steps_between_requests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from execgate.daemon.main import Daemon
+
+    eng, _, journal = _engine(tmp_path, budget=1 << 30, used=64 * MiB)
+    _journal(journal, 3000)
+    monkeypatch.setattr(engine_mod, "JOURNAL_STEP_S", 0.0)  # one chunk a step
+    daemon = Daemon(eng.cfg, eng)
+    turns = 0
+
+    async def request() -> None:  # another coroutine on the loop, as a request would be
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        other = asyncio.ensure_future(request())
+        await daemon.catch_up(time.monotonic() + 60)
+        other.cancel()
+
+    asyncio.run(scenario())
+    assert not eng.journal.behind and eng.store.count() == 3000
+    assert turns > 10  # served between the steps
