@@ -1,8 +1,17 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * execgate's growth-gate scheduler: a minimal sched_ext scheduler that runs
- * every task like a plain global FIFO, except the tasks of *denied* cgroups,
- * which it parks until userspace allows them again.
+ * execgate's growth-gate scheduler: a minimal sched_ext scheduler that parks
+ * the tasks of *denied* cgroups until userspace allows them again.
+ *
+ * A partial switch (SCX_OPS_SWITCH_PARTIAL): it schedules only SCHED_EXT tasks;
+ * every other task on the host stays on the fair class, untouched. Userspace
+ * (bpf/gate.py, cgroups/sched_policy.py) gives a denied cgroup's tasks
+ * SCHED_EXT after writing its id into the deny map, and their own policy back
+ * when it allows the cgroup: a running tool call is an ordinary fair task (its
+ * cpu.max and cpu.weight apply), a held one is here, parked. What a held task
+ * forks inherits SCHED_EXT. The FIFO below serves what is not parked: tasks
+ * released by the hold cap or SIGKILL, and ones between an allow and their
+ * policy's restore.
  *
  * The daemon (execgated) decides every 100 ms which tool-call cgroups may run.
  * It writes its verdicts into the hash map execgate_deny, keyed by cgroup id
@@ -10,7 +19,8 @@
  * a cgroup is denied while its id is in the map, allowed when it is not. A task
  * is held when its own cgroup or any ancestor (below the root) is in the map,
  * so every process of a tool call, in whatever sub-cgroup it created, is held.
- * Anything not under a denied cgroup - the host, dockerd, the daemon - runs.
+ * Anything not under a denied cgroup - the host, dockerd, the daemon - never
+ * reaches this scheduler at all (not SCHED_EXT).
  *
  * Dispatch queues:
  *
@@ -416,8 +426,9 @@ struct sched_ext_ops gate_ops = {
 	.dispatch	= (void *)gate_dispatch,
 	.init		= (void *)gate_init,
 	.exit		= (void *)gate_exit,
-	/* ops.enqueue() also for the last runnable task on a CPU, or it never parks */
-	.flags		= SCX_OPS_ENQ_LAST,
+	/* only SCHED_EXT tasks (held calls'); ops.enqueue() also for the last
+	 * runnable task on a CPU, or it never parks */
+	.flags		= SCX_OPS_SWITCH_PARTIAL | SCX_OPS_ENQ_LAST,
 	/* timeout_ms = 0: the kernel's maximum watchdog timeout (30 s) */
 	.name		= "execgate",
 };

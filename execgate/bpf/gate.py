@@ -15,8 +15,10 @@ Lifetime of the scheduler (``load(persist=...)``):
 * ``persist=False`` (default, the safe one): ``bpftool struct_ops register`` pins the struct_ops
   link, the loader opens it and removes the pin, so the loading process's file descriptor is the
   only reference. When that process exits - including ``kill -9`` - the kernel closes the fd,
-  the link goes away and sched_ext unloads the scheduler: every task returns to the fair class
-  and nothing stays held. (A child forked without exec inherits the fd and keeps it alive.)
+  the link goes away and sched_ext unloads the scheduler: every held task returns to the fair
+  class and nothing stays held (its SCHED_EXT policy stays until :func:`recover` resets it: the
+  kernel runs SCHED_EXT tasks on the fair class while no BPF scheduler is loaded). (A child
+  forked without exec inherits the fd and keeps it alive.)
 * ``persist=True``: the link stays pinned under ``pin_dir`` and the scheduler outlives the
   loader, *with its deny entries*: held tasks then only get a slice per hold cap (20 s) until
   :func:`recover` clears the map or unloads. Use it only when something restarts the loader.
@@ -40,8 +42,16 @@ from execgate.bpf import loader
 from execgate.bpf import syscall as _sys
 from execgate.bpf.loader import BPFFS, DEFAULT_BUILD_DIR
 from execgate.bpf.scx import SCX_SYSFS, scheduler_name, state, wait_state
+from execgate.cgroups import sched_policy
 from execgate.cgroups.freeze import thaw_all
-from execgate.cgroups.ids import CGROUP_ROOT, CgroupRef, cgroup_id, cgroup_path, protected_ids
+from execgate.cgroups.ids import (
+    CGROUP_ROOT,
+    CgroupRef,
+    cgroup_id,
+    cgroup_path,
+    find_cgroup,
+    protected_ids,
+)
 
 # The gate's map client (re-exported: tests and tools use them from here).
 BPF_ANY, BpfMap, MapInfo = _sys.BPF_ANY, _sys.BpfMap, _sys.MapInfo
@@ -139,7 +149,8 @@ def load(obj: str | os.PathLike[str], pin_dir: str = DEFAULT_PIN_DIR, *, persist
          timeout: float = 120.0) -> Gate:
     """Loads the scheduler (``bpftool struct_ops register``) and returns its :class:`Gate`.
 
-    Every task switches to it at once; nothing is held until :meth:`Gate.set` denies a cgroup.
+    A partial switch: it schedules only SCHED_EXT tasks, which :meth:`Gate.set` makes of a
+    denied cgroup's tasks; everything else stays on the fair class.
     See the module doc for ``persist``. Raises :class:`GateUnavailable` (no sched_ext/bpffs/
     tools), :class:`GateBusy` (a scheduler is already loaded: see :func:`recover`) or
     :class:`GateError` (the build or the verifier said no: the message has bpftool's log)."""
@@ -201,8 +212,10 @@ def _check_cfg(hold_cap_s: float, scan_ms: float) -> None:
 
 class Gate:
     """A loaded sched_ext gate. ``set(cgroup, allow=False)`` holds the cgroup's tasks (and
-    those of every cgroup below it); ``set(cgroup, allow=True)`` releases them within a scan
-    period (10 ms) of the next dispatch. Not thread-safe; one per process."""
+    those of every cgroup below it): its id goes into the deny map, then its tasks get
+    SCHED_EXT (cgroups/sched_policy.py), which puts them under the scheduler, parked.
+    ``set(cgroup, allow=True)`` gives them their own policy back (they leave the scheduler at
+    once) and drops the id. Not thread-safe; one per process."""
 
     kind = "sched_ext"
 
@@ -217,6 +230,9 @@ class Gate:
         self._link_fd = link_fd
         self._closed = False
         self._ids: dict[str, int] = {}  # path -> id of denied cgroups (for allow after rmdir)
+        # denied id -> (its path, the policies its switched tasks had)
+        self._switched: dict[int, tuple[str, dict[int, int]]] = {}
+        self.switch_failed = 0  # tasks that could not be given SCHED_EXT (so not held)
         self._protected = protected_ids(cgroup_root)
         info = maps["deny"].info
         if (info.key_size, info.value_size) != (_DENY_KEY.size, _DENY_VALUE.size):
@@ -258,6 +274,7 @@ class Gate:
         if allow:
             if path is not None:
                 self._ids.pop(path, None)
+            self._restore(cid, path)  # first: a task back on the fair class runs at once
             return self._maps["deny"].delete(key)
         if cid in self._protected:
             raise ValueError(f"refusing to deny cgroup {cg!r}: it holds this process "
@@ -265,7 +282,18 @@ class Gate:
         self._maps["deny"].update(key, _DENY_VALUE.pack(GATE_DENY))
         if path is not None:
             self._ids[path] = cid
+        where = path or find_cgroup(cid, self.cgroup_root)
+        if where is not None:  # second: a task entering the scheduler must find the entry
+            saved = self._switched.setdefault(cid, (where, {}))[1]
+            self.switch_failed += sched_policy.to_ext(where, saved)[1]
         return True
+
+    def _restore(self, cid: int, path: str | None = None) -> None:
+        """The denied cgroup's tasks back to their own policy (by path also when this handle
+        did not switch them: a gate adopted with :meth:`open`)."""
+        where, saved = self._switched.pop(cid, (path, {}))
+        if where is not None:
+            sched_policy.restore(where, saved)
 
     def deny(self, cg: CgroupRef) -> bool:
         return self.set(cg, allow=False)
@@ -281,6 +309,8 @@ class Gate:
     def clear(self) -> int:
         """Allows everything; returns how many cgroups were denied."""
         self._check_open()
+        for cid in list(self._switched):
+            self._restore(cid)
         n = _clear_map(self._maps["deny"])
         self._ids.clear()
         return n
@@ -333,9 +363,9 @@ class Gate:
         again. Returns False if the scheduler stayed loaded (another process holds the link)."""
         if self._closed:
             return True
-        self._closed = True
         with contextlib.suppress(OSError):
-            _clear_map(self._maps["deny"])
+            self.clear()
+        self._closed = True
         link_pin = os.path.join(self.pin_dir, LINK_PIN)
         had_link = self._link_fd >= 0 or os.path.exists(link_pin)
         loader.unlink(link_pin)
@@ -436,8 +466,9 @@ def recover(pin_dir: str = DEFAULT_PIN_DIR, *, unload: bool = True,
     """Undoes what a dead loader left behind, so that nothing stays held; the daemon calls it
     on start. Clears the pinned deny map (held tasks run again within a scan period), then,
     with ``unload``, removes the pinned link (a persist=True scheduler unloads) and the map
-    pins; with ``thaw``, thaws the frozen cgroups named like that (FreezeGate's leftovers).
-    Returns what was done, for the log."""
+    pins; with ``thaw``, thaws the frozen cgroups named like that (FreezeGate's leftovers) and
+    gives their SCHED_EXT tasks (held ones of a dead gate) SCHED_OTHER back. Returns what was
+    done, for the log."""
     done = []
     deny_pin = os.path.join(pin_dir, "deny")
     if os.path.exists(deny_pin):
@@ -476,6 +507,9 @@ def recover(pin_dir: str = DEFAULT_PIN_DIR, *, unload: bool = True,
         thawed = thaw_all(cgroup_root, thaw)
         if thawed:
             done.append(f"thawed {len(thawed)} cgroups")
+        reset = sched_policy.restore_all(cgroup_root, thaw)
+        if reset:
+            done.append(f"gave {len(reset)} cgroups' SCHED_EXT tasks their fair policy back")
     return "; ".join(done) or "nothing to recover"
 
 

@@ -146,8 +146,9 @@ def select_gate(build_dir: str | os.PathLike[str] = DEFAULT_BUILD_DIR,
             raise GateUnavailable(f"kernel has no sched_ext ({sysfs} missing)")
         if st != "disabled":
             name = scheduler_name(sysfs)
-            if name not in (None, SCHED_NAME):
-                raise GateBusy(f"another sched_ext scheduler ({name}) is loaded")
+            if name not in (None, SCHED_NAME):  # never unloaded: not ours
+                raise GateBusy(f"another sched_ext scheduler ({name}) is loaded; "
+                               "execgate leaves it loaded")
             recover(pin_dir, cgroup_root=cgroup_root, thaw=None, sysfs=sysfs)
         path = Path(obj) if obj is not None else build(build_dir)
         gate = load(path, pin_dir, persist=persist, hold_cap_s=hold_cap_s, scan_ms=scan_ms,

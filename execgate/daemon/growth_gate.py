@@ -169,8 +169,8 @@ class GrowthGate:
             frozen.clear()
             self.actuator, self.reason = gate, reason
             for t in self.tracked.values():
-                if not t.allowed:
-                    self.actuator.set(t.cgroup_id, False)
+                if not t.allowed:  # by path: its tasks get SCHED_EXT
+                    self.actuator.set(t.cgroup, False)
             log.info("growth gate: %s", reason)
 
     # -- the period ----------------------------------------------------------------------------
@@ -348,6 +348,7 @@ class GrowthGate:
         snap = self.controller.snapshot()
         return {"actuator": None if self.actuator is None else self.actuator.kind,
                 "reason": self.reason, "slots": snap.get("slots"),
+                "switch_failed": getattr(self.actuator, "switch_failed", 0),
                 "held": sorted(cid for cid, t in self.tracked.items() if not t.allowed),
                 "held_oom_score_adj": self.config.held_oom_score_adj,
                 "spared": sorted(self.spared),

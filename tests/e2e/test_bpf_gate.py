@@ -12,6 +12,7 @@ test_slow_hold_cap_survives_watchdog holds a task for 60 s (marked slow): desele
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -100,6 +101,28 @@ def time_until_progress(pid: int, t0: float, amount: float = 0.02, timeout: floa
             raise AssertionError(f"pid {pid} got no CPU for {timeout}s")
         time.sleep(0.005)
     return time.monotonic() - t0
+
+
+def sched_info(pid: int) -> dict[str, str]:
+    """/proc/PID/sched as key -> value: `policy` (7 = SCHED_EXT), and `ext.enabled` (on
+    sched_ext's class right now) where the kernel shows it."""
+    out = {}
+    with open(f"/proc/{pid}/sched") as f:
+        for line in f:
+            key, sep, value = line.partition(":")
+            if sep:
+                out[key.strip()] = value.strip()
+    return out
+
+
+def on_fair(pid: int) -> bool:
+    info = sched_info(pid)
+    return info.get("policy") == "0" and info.get("ext.enabled", "0") == "0"
+
+
+def held_by_scx(pid: int) -> bool:
+    info = sched_info(pid)
+    return info.get("policy") == "7" and info.get("ext.enabled", "1") == "1"
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -287,9 +310,12 @@ def test_deny_holds_and_allow_resumes(loaded, cgroups, busy) -> None:
         capture_output=True, text=True, timeout=60, check=True).stdout)
     assert status["denied"] == [os.stat(tool).st_ino] and status["attached"], status
     assert status["stats"]["held"] == 2, status
+    # the partial switch: only the held call's tasks are SCHED_EXT
+    assert held_by_scx(p) and held_by_scx(p2) and on_fair(q), [sched_info(x) for x in (p, q)]
 
     t1 = time.monotonic()
     assert loaded.set(tool, allow=True)
+    assert on_fair(p) and on_fair(p2), sched_info(p)  # released: back on the fair class
     resume_latency = max(time_until_progress(p, t1), time_until_progress(p2, t1))
     resumed = progress([p, p2, q], 2.0)
     assert min(resumed.values()) > 0.2, resumed
@@ -495,6 +521,139 @@ def test_select_gate(obj: Path) -> None:
     assert g.kind == "freeze" and "cgroup.freeze" in reason
     assert gate.state() == "disabled"
     record("select_gate", fallback_reason=reason)
+
+
+@needs_scx
+def test_partial_switch_leaves_the_host_on_fair(obj: Path, cgroups, busy) -> None:
+    """With the gate loaded and a call held, a busy loop on the host and one in a plain runc
+    container stay on the fair class and get the CPU they got without the gate."""
+    if not shutil.which("docker"):
+        pytest.skip("no docker")
+    q = busy(cgroups("host"))
+    cid = subprocess.run(["docker", "run", "-d", "--rm", "--runtime", "runc",
+                          "execgate-test:latest", "sh", "-c", "while :; do :; done"],
+                         capture_output=True, text=True, timeout=180, check=True).stdout.strip()
+    try:
+        c = int(subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", cid],
+                               capture_output=True, text=True, timeout=60,
+                               check=True).stdout)
+        before = progress([q, c], 3.0)
+        g = gate.load(obj, TEST_PIN)
+        try:
+            tool = cgroups("c1/tool-s")
+            p = busy(tool)
+            g.set(tool, allow=False)
+            time_until_stopped(p, time.monotonic())
+            during = progress([q, c], 3.0)
+            seen = {"host": sched_info(q), "runc": sched_info(c), "held": sched_info(p)}
+            assert on_fair(q) and on_fair(c) and held_by_scx(p), seen
+            for pid in (q, c):
+                assert during[pid] >= 0.7 * before[pid], (before, during)
+            g.set(tool, allow=True)
+            assert on_fair(p)
+            time_until_progress(p, time.monotonic())
+        finally:
+            g.unload()
+        record("partial_switch", before=list(before.values()), during=list(during.values()),
+               policies={k: [v.get("policy"), v.get("ext.enabled")] for k, v in seen.items()})
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=120)
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+@needs_scx
+def test_cpu_controls_of_sched_ext_tasks(loaded, cgroups, busy) -> None:
+    """What this kernel does with cgroup CPU controls for SCHED_EXT tasks (the README's claim
+    that a running call must stay on the fair class rests on it): a busy loop under cpu.max
+    20 % on the fair class and as SCHED_EXT, two SCHED_EXT loops with cpu.weight 10000 and 1
+    on one CPU, and a SCHED_EXT loop beside a fair one on one CPU."""
+    lim, heavy, light = cgroups("lim"), cgroups("wheavy"), cgroups("wlight")
+    _write(os.path.join(TEST_CG, "cgroup.subtree_control"), "+cpu")
+    _write(os.path.join(lim, "cpu.max"), "20000 100000")
+    _write(os.path.join(heavy, "cpu.weight"), "10000")
+    _write(os.path.join(light, "cpu.weight"), "1")
+    window = 3.0
+    p = busy(lim)
+    fair_max = progress([p], window)[p]
+    os.sched_setscheduler(p, 7, os.sched_param(0))
+    ext_max = progress([p], window)[p]
+    os.kill(p, signal.SIGKILL)
+    a, b = busy(heavy), busy(light)
+    for pid in (a, b):
+        os.sched_setaffinity(pid, {0})
+    fair_w = progress([a, b], window)
+    for pid in (a, b):
+        os.sched_setscheduler(pid, 7, os.sched_param(0))
+    ext_w = progress([a, b], window)
+    os.sched_setscheduler(a, 0, os.sched_param(0))  # a fair loop and a SCHED_EXT one, CPU 0
+    mixed = progress([a, b], window)
+    record("cpu_controls", window_s=window, cpu_max_20pct={"fair": fair_max, "ext": ext_max},
+           weight_10000_vs_1={"fair": list(fair_w.values()), "ext": list(ext_w.values())},
+           fair_vs_ext_one_cpu=list(mixed.values()))
+    assert fair_max <= 0.3 * window, fair_max  # the limit works for the fair class
+
+
+OTHER_SRC = Path(__file__).resolve().parent / "scx" / "other_sched.bpf.c"
+OTHER_PIN = "/sys/fs/bpf/execgate-test-other"
+
+
+@needs_scx
+def test_another_scheduler_is_left_loaded(obj: Path) -> None:
+    """Another sched_ext scheduler loaded first: execgate picks cgroup.freeze, says why, and
+    leaves the other one loaded (select_gate, recover, and the daemon's status)."""
+    other = gate.loader.build(BUILD_DIR, src=OTHER_SRC)
+    os.makedirs(OTHER_PIN, exist_ok=True)
+    gate.loader.run(["bpftool", "struct_ops", "register", str(other), OTHER_PIN], timeout=120)
+    try:
+        assert gate.wait_state({"enabled"}, 10) == "enabled"
+        assert gate.scheduler_name() == "eg_other"
+        g, reason = actuator.select_gate(BUILD_DIR, TEST_PIN, obj=obj)
+        g.unload()
+        assert g.kind == "freeze" and "eg_other" in reason and "leaves it loaded" in reason
+        gate.recover(TEST_PIN, thaw=None)
+        assert gate.state() == "enabled" and gate.scheduler_name() == "eg_other"
+        status = _daemon_on_auto()
+        assert gate.state() == "enabled" and gate.scheduler_name() == "eg_other"
+        assert "growth gate: freeze" in status and "eg_other" in status, status
+        record("another_scheduler", reason=reason, status=[
+            line for line in status.splitlines() if "growth gate" in line])
+    finally:
+        gate.loader.remove_pins([os.path.join(OTHER_PIN, n) for n in os.listdir(OTHER_PIN)],
+                                OTHER_PIN)
+        gate.wait_state({"disabled"}, 10)
+        with contextlib.suppress(OSError):
+            os.rmdir(OTHER_PIN)
+    assert gate.state() == "disabled"
+
+
+def _daemon_on_auto() -> str:
+    """execgated restarted with gate = "auto" (the test bed's is "freeze"); its status text.
+    The test bed's config and daemon are back afterwards."""
+    if subprocess.run(["systemctl", "is-active", "execgated"], capture_output=True,
+                      text=True).stdout.strip() != "active":
+        pytest.skip("execgated is not running here")
+    conf = "/etc/execgate/config.toml"
+    shutil.copy(conf, conf + ".orig")
+    try:
+        with open(conf) as f:
+            text = f.read()
+        _write(conf, text.replace('gate = "freeze"', 'gate = "auto"'))
+        subprocess.run(["systemctl", "restart", "execgated"], check=True, timeout=120)
+        deadline = time.monotonic() + 120
+        while True:
+            out = subprocess.run(["execgatectl", "status"], capture_output=True, text=True,
+                                 timeout=60)
+            if out.returncode == 0 and "growth gate:" in out.stdout:
+                return out.stdout
+            assert time.monotonic() < deadline, out
+            time.sleep(1)
+    finally:
+        shutil.move(conf + ".orig", conf)
+        subprocess.run(["systemctl", "restart", "execgated"], check=True, timeout=120)
 
 
 @needs_scx

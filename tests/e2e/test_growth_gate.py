@@ -14,6 +14,7 @@ import pytest
 from conftest import (
     CGROOT,
     Containers,
+    container_cgroup,
     ctl_status,
     docker,
     gate,
@@ -21,6 +22,7 @@ from conftest import (
     memory_domain,
     oom_kills,
     systemctl,
+    tool_cgroups,
     wait_for,
 )
 
@@ -129,3 +131,51 @@ def test_daemon_killed_mid_hold_releases_the_calls(containers: Containers, gate:
         assert released_s < (5 if gate == "sched_ext" else 60), released_s
         wait_for(lambda: ctl_status()["source"].startswith("execgated pid"), timeout=120,
                  what="systemd to restart execgated")
+
+
+def _procs(cg: str) -> list[int]:
+    with contextlib.suppress(OSError), open(os.path.join(cg, "cgroup.procs")) as f:
+        return [int(x) for x in f.read().split()]
+    return []
+
+
+def _usage_s(cg: str) -> float:
+    with open(os.path.join(cg, "cpu.stat")) as f:
+        return int(dict(line.split() for line in f)["usage_usec"]) / 1e6
+
+
+def test_call_of_a_cpu_limited_container_keeps_its_limit(containers: Containers) -> None:
+    """With the daemon's sched_ext gate loaded, a tool call of a `--cpus 0.5` container stays a
+    fair task (the gate's partial switch gives SCHED_EXT to held calls only), so the
+    container's cpu.max holds: at most 55 % of a CPU over 5 s."""
+    slice_name = "egcpu.slice"
+    os.makedirs(os.path.join(CGROOT, slice_name), exist_ok=True)
+    config = 'gate = "sched_ext"\n' + NO_ADMISSION
+    try:
+        with memory_domain(containers, slice_name, 1 << 30, 0, config):
+            assert ctl_status()["daemon"]["growth"]["actuator"] == "sched_ext"
+            assert _our_scheduler()
+            cid = containers.run("--cpus", "0.5")
+            cg = container_cgroup(cid)
+            call = subprocess.Popen(["docker", "exec", cid, "timeout", "40", "sh", "-c",
+                                     "while :; do :; done"], stderr=subprocess.PIPE)
+            try:
+                tool = wait_for(lambda: next((os.path.join(cg, t) for t in tool_cgroups(cg)
+                                              if _procs(os.path.join(cg, t))), None),
+                                timeout=60, what="the call in its tool cgroup")
+                time.sleep(1.0)
+                u0, t0 = _usage_s(tool), time.monotonic()
+                time.sleep(5.0)
+                used = (_usage_s(tool) - u0) / (time.monotonic() - t0)
+                policies = {pid: os.sched_getscheduler(pid) for pid in _procs(tool)}
+                print(f"--cpus 0.5 call under the loaded gate: {used:.3f} CPUs, "
+                      f"policies {policies}")
+                assert _our_scheduler()
+                assert set(policies.values()) == {0}, policies
+                assert used <= 0.55, used
+            finally:
+                call.kill()
+                call.wait(timeout=60)
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(CGROOT, slice_name))
