@@ -231,6 +231,15 @@ def busy() -> Iterator[Callable[[str], int]]:
         p.wait(timeout=60)
 
 
+def _held_call(g, cgroups, busy, name: str) -> tuple[str, int]:
+    """A busy loop in TEST_CG/c1/<name>, denied by g and seen stopped: (cgroup, pid)."""
+    tool = cgroups(f"c1/{name}")
+    p = busy(tool)
+    g.set(tool, allow=False)
+    time_until_stopped(p, time.monotonic())
+    return tool, p
+
+
 def _free_run(pids: list[int], window: float = 2.0) -> dict[int, float]:
     free = progress(pids, window)
     for pid in pids:
@@ -377,10 +386,7 @@ def test_kill_9_of_a_held_task_works(loaded, cgroups, busy) -> None:
 def test_unload_releases_held_tasks(obj: Path, cgroups, busy) -> None:
     g = gate.load(obj, TEST_PIN)
     try:
-        tool = cgroups("c1/tool-u")
-        p = busy(tool)
-        g.set(tool, allow=False)
-        time_until_stopped(p, time.monotonic())
+        _tool, p = _held_call(g, cgroups, busy, "tool-u")
         t0 = time.monotonic()
         assert g.unload()
         unload_s = time.monotonic() - t0
@@ -401,10 +407,7 @@ def test_kernel_ejection_is_noticed(obj: Path, cgroups, busy) -> None:
     notices (attached() False, exit_reason()), held tasks run, unload still cleans up."""
     g = gate.load(obj, TEST_PIN)
     try:
-        tool = cgroups("c1/tool-e")
-        p = busy(tool)
-        g.set(tool, allow=False)
-        time_until_stopped(p, time.monotonic())
+        tool, p = _held_call(g, cgroups, busy, "tool-e")
         t0 = time.monotonic()
         with open("/proc/sysrq-trigger", "w") as f:
             f.write("S")
@@ -540,10 +543,7 @@ def test_partial_switch_leaves_the_host_on_fair(obj: Path, cgroups, busy) -> Non
         before = progress([q, c], 3.0)
         g = gate.load(obj, TEST_PIN)
         try:
-            tool = cgroups("c1/tool-s")
-            p = busy(tool)
-            g.set(tool, allow=False)
-            time_until_stopped(p, time.monotonic())
+            tool, p = _held_call(g, cgroups, busy, "tool-s")
             during = progress([q, c], 3.0)
             seen = {"host": sched_info(q), "runc": sched_info(c), "held": sched_info(p)}
             assert on_fair(q) and on_fair(c) and held_by_scx(p), seen
