@@ -64,8 +64,10 @@ def print_daemon(d: dict[str, Any], names: dict[str, str] | None = None) -> None
         print(f"  why: {p['reason']}")
     growth = d.get("growth") or {}
     held = growth.get("held") or []
+    unswitched = growth.get("switch_failed") or 0
     print(f"growth gate: {growth.get('actuator') or 'none'} ({growth.get('reason', '-')}); "
-          f"yellow slots b={growth.get('slots', '-')}; held now: {', '.join(held) or 'none'}")
+          f"yellow slots b={growth.get('slots', '-')}; held now: {', '.join(held) or 'none'}"
+          + (f"; {unswitched} tasks not held (SCHED_EXT refused)" if unswitched else ""))
     print_probes(d.get("probes") or {})
     res = d.get("residency") or {}
     if res:

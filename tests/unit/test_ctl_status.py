@@ -56,3 +56,26 @@ def test_answering_daemon_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert ("since start: admitted 5 (forced 1, overheld 0; mean wait 0.50 s), finished 3 "
             "(OOM-killed 1), ran unmanaged 2 (no daemon answer: fail open)") in out.out
     assert "config: changed, waiting for a restart: [daemon] gate" in out.out
+
+
+def test_growth_gate_line_says_why_it_freezes_and_what_it_could_not_hold(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another sched_ext scheduler loaded: the status line carries select_gate's reason, and
+    the other scheduler's sysfs is left as it was."""
+    from execgate.daemon import actuator
+
+    sysfs = tmp_path / "sched_ext"
+    (sysfs / "root").mkdir(parents=True)
+    (sysfs / "state").write_text("enabled\n")
+    (sysfs / "root" / "ops").write_text("scx_rusty\n")
+    g, reason = actuator.select_gate(tmp_path / "build", str(tmp_path / "pins"),
+                                     cgroup_root=str(tmp_path), sysfs=str(sysfs))
+    ctl.print_daemon({"growth": {"actuator": g.kind, "reason": reason, "held": []}})
+    out = capsys.readouterr().out
+    assert "growth gate: freeze (sched_ext unavailable (another sched_ext scheduler " \
+           "(scx_rusty) is loaded; execgate leaves it loaded); using cgroup.freeze)" in out
+    assert (sysfs / "root" / "ops").read_text() == "scx_rusty\n"
+    assert "not held" not in out
+    ctl.print_daemon({"growth": {"actuator": "sched_ext", "reason": "loaded", "held": [],
+                                 "switch_failed": 2}})
+    assert "; 2 tasks not held (SCHED_EXT refused)" in capsys.readouterr().out
