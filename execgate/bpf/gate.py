@@ -282,11 +282,16 @@ class Gate:
         self._maps["deny"].update(key, _DENY_VALUE.pack(GATE_DENY))
         if path is not None:
             self._ids[path] = cid
-        where = path or find_cgroup(cid, self.cgroup_root)
+        where = None if not self._running() else path or find_cgroup(cid, self.cgroup_root)
         if where is not None:  # second: a task entering the scheduler must find the entry
             saved = self._switched.setdefault(cid, (where, {}))[1]
             self.switch_failed += sched_policy.to_ext(where, saved)[1]
         return True
+
+    def _running(self) -> bool:
+        """Is the loaded sched_ext scheduler execgate's? Tasks are never given SCHED_EXT for
+        another one (loaded after an ejection, before the daemon noticed)."""
+        return state(self.sysfs) == "enabled" and scheduler_name(self.sysfs) == SCHED_NAME
 
     def _restore(self, cid: int, path: str | None = None) -> None:
         """The denied cgroup's tasks back to their own policy (by path also when this handle

@@ -66,17 +66,24 @@ def test_real_time_and_gone_tasks_are_left_alone(tmp_path: Path, sleeper: int) -
 
 @pytest.mark.skipif(HAS_SCX, reason="this kernel accepts SCHED_EXT")
 def test_gate_deny_counts_tasks_it_could_not_switch(tmp_path: Path, sleeper: int) -> None:
-    """Gate.set(deny) writes the map entry, then switches the cgroup's tasks; one refused is
-    counted (the daemon's status shows it), never raised: the call then is not held."""
+    """Gate.set(deny) writes the map entry, then switches the cgroup's tasks while execgate's
+    scheduler is the loaded one; one refused is counted (the daemon's status shows it), never
+    raised: the call then is not held."""
     maps = {"deny": gate.BpfMap(_hash_map(8, 4)), "cfg": gate.BpfMap(_hash_map(4, 16, 1)),
             "stat": gate.BpfMap(_hash_map(4, gate._STAT.size, 1))}
     root = tmp_path / "cg"
     tool = _cgroup(root, "c/tool-a", sleeper)
-    g = gate.Gate(str(tmp_path / "pins"), maps, cgroup_root=str(root),
-                  sysfs=str(tmp_path / "no-scx"))
+    sysfs = tmp_path / "sched_ext"
+    (sysfs / "root").mkdir(parents=True)
+    (sysfs / "state").write_text("enabled\n")
+    (sysfs / "root" / "ops").write_text("other\n")
+    g = gate.Gate(str(tmp_path / "pins"), maps, cgroup_root=str(root), sysfs=str(sysfs))
     try:
+        assert g.set(str(tool), allow=False)  # another scheduler runs: no task is switched
+        assert g.denied() == [os.stat(tool).st_ino] and g.switch_failed == 0
+        (sysfs / "root" / "ops").write_text("execgate\n")
         assert g.set(str(tool), allow=False)
-        assert g.denied() == [os.stat(tool).st_ino] and g.switch_failed == 1
+        assert g.switch_failed == 1
         assert g.set(str(tool), allow=True) and g.denied() == []
         assert sched_policy.policy(sleeper) == sched_policy.SCHED_OTHER
     finally:
