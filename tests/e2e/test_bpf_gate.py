@@ -572,6 +572,8 @@ def test_cpu_controls_of_sched_ext_tasks(loaded, cgroups, busy) -> None:
     20 % on the fair class and as SCHED_EXT, two SCHED_EXT loops with cpu.weight 10000 and 1
     on one CPU, and a SCHED_EXT loop beside a fair one on one CPU."""
     lim, heavy, light = cgroups("lim"), cgroups("wheavy"), cgroups("wlight")
+    with contextlib.suppress(OSError):  # systemd usually has it on already
+        _write(os.path.join(CGROOT, "cgroup.subtree_control"), "+cpu")
     _write(os.path.join(TEST_CG, "cgroup.subtree_control"), "+cpu")
     _write(os.path.join(lim, "cpu.max"), "20000 100000")
     _write(os.path.join(heavy, "cpu.weight"), "10000")
