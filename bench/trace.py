@@ -205,21 +205,38 @@ def shape_fraction(shape: str, x: float, peak_at: float) -> float:
     raise ValueError(f"unknown shape {shape!r}")
 
 
+class Curve:
+    """`memory_at` of one call: its constants computed once, for callers that evaluate the
+    curve many times (the simulator, every period of every running call). Same arithmetic,
+    same floats."""
+
+    __slots__ = ("active", "baseline", "hold", "peak", "peak_at", "shape", "span", "t_peak")
+
+    def __init__(self, profile: MemoryProfile, duration_s: float) -> None:
+        self.baseline, self.peak = profile.baseline_bytes, profile.peak_bytes
+        self.shape, self.peak_at = profile.shape, profile.peak_at
+        self.span = profile.peak_bytes - profile.baseline_bytes
+        self.hold = min(profile.hold_s, duration_s)
+        self.active = duration_s - self.hold
+        self.t_peak = profile.peak_at * self.active
+
+    def __call__(self, t: float) -> float:
+        """Bytes the call holds t seconds after it started."""
+        active = self.active
+        if active <= 0.0:
+            return float(self.peak)
+        if t < self.t_peak:
+            x = t / active
+        elif t < self.t_peak + self.hold:
+            return float(self.peak)
+        else:
+            x = (t - self.hold) / active
+        return self.baseline + self.span * shape_fraction(self.shape, x, self.peak_at)
+
+
 def memory_at(profile: MemoryProfile, t: float, duration_s: float) -> float:
     """Bytes the call holds t seconds after it started; `hold_s` freezes the curve at peak_at."""
-    span = profile.peak_bytes - profile.baseline_bytes
-    hold = min(profile.hold_s, duration_s)
-    active = duration_s - hold
-    if active <= 0.0:
-        return float(profile.peak_bytes)
-    t_peak = profile.peak_at * active
-    if t < t_peak:
-        x = t / active
-    elif t < t_peak + hold:
-        return float(profile.peak_bytes)
-    else:
-        x = (t - hold) / active
-    return profile.baseline_bytes + span * shape_fraction(profile.shape, x, profile.peak_at)
+    return Curve(profile, duration_s)(t)
 
 
 def profiled_peak(task: Task) -> int:
@@ -249,7 +266,8 @@ def memory_curve(task: Task, dt: float = 0.25) -> list[tuple[float, float]]:
             active = step.duration_s - min(m.hold_s, step.duration_s)
             times.append(start + m.peak_at * active)
             times.sort()
-            out.extend((t, floor + memory_at(m, t - start, step.duration_s)) for t in times)
+            curve = Curve(m, step.duration_s)
+            out.extend((t, floor + curve(t - start)) for t in times)
             retained += m.retained_bytes
         else:
             out.extend((t, float(floor)) for t in times)

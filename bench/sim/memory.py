@@ -49,7 +49,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from bench.trace import MemoryProfile, memory_at
+from bench.trace import Curve, MemoryProfile
 from execgate.common.units import MiB
 
 SLACK = 1.0  # bytes: curves are floats, a kill is never for rounding
@@ -124,6 +124,7 @@ class SimCall:
 
     def __post_init__(self) -> None:
         self.touched = self.started
+        self._curve = Curve(self.profile, self.duration_s)  # evaluated every period
 
     @property
     def resident(self) -> float:
@@ -135,7 +136,7 @@ class SimCall:
 
     def curve(self, now: float) -> float:
         t = now - self.started - self.lag
-        return memory_at(self.profile, min(max(t, 0.0), self.duration_s), self.duration_s)
+        return self._curve(min(max(t, 0.0), self.duration_s))
 
     def advance(self, now: float) -> None:
         self.before, self.peak_before = self.level, self.peak
