@@ -336,19 +336,25 @@ class ExecgateHands:
 
     # -- the control period --------------------------------------------------------------------
 
-    def _assess(self, credit: int = 0) -> PressureReading:
-        """engine._assess: growth still predicted from the most a call has held at a sample
-        (its current memory drops as its pages go to swap), the PSI, the swap credit."""
+    def _growths(self) -> tuple[int, int]:
+        """engine._assess: growth still predicted (all, undeclared) from the most a call has
+        held at a sample (its current memory drops as its pages go to swap); once per step,
+        for both of its readings."""
         usage = {cid: int(c.shown_peak if _CREDIT else c.charge)
                  for cid, c in self.running.items()}
+        both = getattr(self.admission, "predicted_growths", None)  # older revisions: 2 passes
+        if both is not None:
+            return both(usage)
+        return self.admission.predicted_growth(usage), self.admission.predicted_growth(usage, True)
+
+    def _assess(self, growths: tuple[int, int], credit: int = 0) -> PressureReading:
+        """engine._assess: the predicted growths, the PSI, the swap credit."""
         available = int(self.domain.budget - self.domain.usage())
         kw: dict[str, Any] = {"psi_some_avg10": self.domain.psi_some_avg10} if _PSI else {}
         if credit:
             kw["swap_credit"] = credit
         return assess_pressure(self.settings.pressure, available, self.domain.budget,
-                               predicted_growth=self.admission.predicted_growth(usage),
-                               undeclared_growth=self.admission.predicted_growth(usage, True),
-                               **kw)
+                               predicted_growth=growths[0], undeclared_growth=growths[1], **kw)
 
     def swap_free(self) -> int:
         """The domain's SwapFree within swap.max (0 without swap)."""
@@ -373,13 +379,14 @@ class ExecgateHands:
     def step(self) -> list[Decision]:
         """engine._step: admission with the idle room, then what it borrowed asked of
         residency."""
-        self.physical = self._assess()
+        growths = self._growths()
+        self.physical = self._assess(growths)
         # engine._step: while swap counts, the kernel pushes out what calls need; the idle
         # room serves only while it does not
         self.credit = self._swap_credit(self.physical)
         offer = self.idle_room.offer(bool(self.waiting)) \
             if self.idle_room is not None and not self.credit else 0
-        self.reading = self._assess(self.credit) if self.credit else self.physical
+        self.reading = self._assess(growths, self.credit) if self.credit else self.physical
         if self.idle_room is None:
             decisions = self.admission.step(self.reading)
         else:

@@ -366,9 +366,9 @@ class Engine:
         usage = {cid: c.peak_mem for cid, c in self.calls.items()}
         s = self.sample
         assert s is not None
+        growth, undeclared = self.admission.predicted_growths(usage)
         return assess_pressure(self.settings.pressure, s.available, s.budget,
-                               predicted_growth=self.admission.predicted_growth(usage),
-                               undeclared_growth=self.admission.predicted_growth(usage, True),
+                               predicted_growth=growth, undeclared_growth=undeclared,
                                psi_some_avg10=s.psi_some_avg10, swap_credit=credit)
 
     def _step(self) -> None:

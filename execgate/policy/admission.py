@@ -48,11 +48,7 @@ from execgate.common.units import GiB, MiB
 from execgate.policy.admission_gates import logical_charge, physical_gate
 from execgate.policy.estimate import CallInfo, Demand, Estimator
 from execgate.policy.headroom import NoForce, no_force
-from execgate.policy.pressure import (
-    PressureReading,
-    fmt_bytes,
-    predicted_remaining_growth,
-)
+from execgate.policy.pressure import PressureReading, fmt_bytes
 from execgate.policy.pressure_state import Pressure
 
 LIGHT_QUEUE, HEAVY_QUEUE = "light", "heavy"
@@ -317,10 +313,21 @@ class Admission:
         """Growth still predicted for admitted calls, given their current bytes by call id
         (unsampled calls count from 0); feed it to assess_pressure (TenonAgent §3.2).
         undeclared_only: only calls whose demand is not from a declaration (its gate_state)."""
-        return predicted_remaining_growth(
-            (e.demand.peak_bytes, usage.get(cid, 0)) for cid, e in self._running.items()
-            if not (undeclared_only and e.demand.source == "declared")
-        )
+        return self.predicted_growths(usage)[undeclared_only]
+
+    def predicted_growths(self, usage: Mapping[str, int]) -> tuple[int, int]:
+        """(predicted_growth(usage), predicted_growth(usage, True)) in one pass over the
+        running calls: assess_pressure takes both every step."""
+        total = undeclared = 0
+        get = usage.get
+        for cid, e in self._running.items():
+            d = e.demand
+            grows = d.peak_bytes - get(cid, 0)  # as predicted_remaining_growth, both at once
+            if grows > 0:
+                total += grows
+                if d.source != "declared":
+                    undeclared += grows
+        return total, undeclared
 
     def queued_bytes(self) -> int:
         """Predicted peaks of the calls still waiting: room that would let them start."""

@@ -8,7 +8,7 @@ import pytest
 from execgate.common.units import GiB, MiB
 from execgate.policy.admission import Admission, AdmissionConfig, Decision, logical_charge
 from execgate.policy.estimate import CallInfo, Demand, Outcome
-from execgate.policy.pressure import PressureReading
+from execgate.policy.pressure import PressureReading, predicted_remaining_growth
 from execgate.policy.pressure_state import Pressure
 
 GREEN, YELLOW, RED = Pressure.GREEN, Pressure.YELLOW, Pressure.RED
@@ -572,6 +572,26 @@ def test_predicted_growth_of_admitted_calls() -> None:
     h.step()
     assert h.adm.predicted_growth({}) == 1636 * MiB
     assert h.adm.predicted_growth({}, undeclared_only=True) == 1536 * MiB
+
+
+def test_predicted_growths_in_one_pass_equal_the_full_sums() -> None:
+    """predicted_growths (one pass, both figures) against predicted_remaining_growth over every
+    running call, and over the undeclared ones."""
+    h = Harness()
+    for i in range(12):
+        h.submit(f"c{i}", peak=(i % 5 + 1) * 200 * MiB, sandbox=f"s{i}",
+                 source="declared" if i % 3 == 0 else "default")
+    h.step(reading(GREEN, budget=64 * GiB))
+    h.submit("queued", peak=80 * GiB)  # not admitted: counts in neither
+    running = h.adm._running
+    assert len(running) == 12
+    for usage in ({}, {f"c{i}": i * 150 * MiB for i in range(12)}, {"c1": 10 * GiB}):
+        def full(undeclared: bool, usage: dict[str, int] = usage) -> int:
+            return predicted_remaining_growth(
+                (e.demand.peak_bytes, usage.get(cid, 0)) for cid, e in running.items()
+                if not (undeclared and e.demand.source == "declared"))
+        assert h.adm.predicted_growths(usage) == (full(False), full(True))
+        assert h.adm.predicted_growth(usage, True) == full(True)
 
 
 def test_deterministic_given_the_clock() -> None:
