@@ -60,6 +60,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from execgate.common.units import MiB
 from execgate.policy.pressure import PressureConfig, effective_margin
@@ -202,6 +203,15 @@ class CallDecision:
     forced: bool  # allowed by the hold cap, whatever the pressure
     denied_for_s: float  # length of the current denial episode before this decision
     held_s: float  # total time held so far
+
+
+def _call_decision(**fields: Any) -> CallDecision:
+    """CallDecision(**fields) without its frozen __init__'s object.__setattr__ per field: the
+    gate makes one per live call every period. Every field is given and the class has no
+    __post_init__, so the object is the same (test_policy_growth checks it)."""
+    d = object.__new__(CallDecision)
+    d.__dict__.update(fields)
+    return d
 
 
 @dataclass(frozen=True)
@@ -434,8 +444,8 @@ class GrowthController:
                 c = self._calls[cid] = self._new_call(s, now)
             else:
                 self._observe_sample(c, s, now)
-            denied_for[cid] = self._accrue_hold(c, now)
-            c.state, c.demand = self._classify(c.growth, denied_for[cid], c.burst)
+            held = denied_for[cid] = 0.0 if c.allowed else self._accrue_hold(c, now)
+            c.state, c.demand = self._classify(c.growth, held, c.burst)
             c.demand = _within_declaration(c.demand, s)
 
         H = headroom(mem_available, self.pressure, budget)
@@ -449,11 +459,13 @@ class GrowthController:
             verdicts, order, overdue = self._gate(batch, denied_for, pressure, H, slot_limit, now)
 
         calls: dict[str, CallDecision] = {}
+        allow: dict[str, bool] = {}
         for cid in batch:
             c = self._calls[cid]
             ok, reason = verdicts[cid]
+            allow[cid] = ok
             self._commit(c, ok, reason, now)
-            calls[cid] = CallDecision(
+            calls[cid] = _call_decision(
                 call_id=cid,
                 allow=ok,
                 reason=reason,
@@ -473,7 +485,7 @@ class GrowthController:
             headroom_bytes=H,
             slots=self._slots,
             slot_limit=slot_limit,
-            allow={cid: d.allow for cid, d in calls.items()},
+            allow=allow,
             calls=calls,
             order=order,
             vanished=vanished,
