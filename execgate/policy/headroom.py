@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from execgate.policy.pressure import fmt_bytes
 
@@ -115,17 +115,19 @@ class LiveSandbox:
     # as far as swap has room), which the kernel itself swaps out under the limit while a call
     # runs beside them: an agent's baseline is not what its tool call touches.
     cold_bytes: int = 0
+    # Derived, set at construction: every step reads both for every live sandbox (the daemon's
+    # pushable sum, sandbox admission's pinned sum); properties recomputed them on each read.
+    # What can be pushed out: an idle sandbox's reclaimable bytes, an active one's cold.
+    pushable_bytes: int = field(init=False, repr=False, compare=False)
+    # What stays resident whatever residency does: resident minus pushable.
+    pinned_bytes: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def pushable_bytes(self) -> int:
-        """What can be pushed out: an idle sandbox's reclaimable bytes, an active one's cold."""
+    def __post_init__(self) -> None:
         give = self.cold_bytes if self.idle_s is None else self.reclaimable_bytes
-        return min(max(give, 0), max(self.resident_bytes, 0))
-
-    @property
-    def pinned_bytes(self) -> int:
-        """What stays resident whatever residency does: resident minus pushable."""
-        return max(self.resident_bytes, 0) - self.pushable_bytes
+        resident = max(self.resident_bytes, 0)
+        pushable = min(max(give, 0), resident)
+        object.__setattr__(self, "pushable_bytes", pushable)
+        object.__setattr__(self, "pinned_bytes", resident - pushable)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ reclaim plan (longest idle first, stop when covered) and the no-force rule for e
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from execgate.common.units import MiB
@@ -143,3 +145,21 @@ def test_time_to_peak_from_the_samples_where_a_call_grew() -> None:
     assert times.learned == 7 and times.estimate(1.5) == 1.5  # fewer than MIN_CALLS
     times.observe(7.0, 64 << 20)
     assert times.estimate(1.5) == 3.0  # the low quantile of 1..8
+
+
+def test_pushable_and_pinned_are_set_at_construction_from_the_fields() -> None:
+    """Computed once per LiveSandbox (read every step for every live sandbox): as the rule
+    says for every mix of fields, after `replace` too, and left out of eq and repr."""
+    for resident in (-5, 0, 100):
+        for give in (-3, 0, 40, 150):
+            for idle in (None, 2.0):
+                box = LiveSandbox("s", resident, give, idle, 7, cold_bytes=give + 1)
+                own = give + 1 if idle is None else give
+                pushable = min(max(own, 0), max(resident, 0))
+                assert (box.pushable_bytes, box.pinned_bytes) == (
+                    pushable, max(resident, 0) - pushable)
+                moved = dataclasses.replace(box, idle_s=None if idle else 1.0)
+                assert moved.pushable_bytes == min(max(moved.cold_bytes if moved.idle_s is None
+                                                       else give, 0), max(resident, 0))
+    assert LiveSandbox("a", 10, 5) == LiveSandbox("a", 10, 5)
+    assert "pushable" not in repr(LiveSandbox("a", 10, 5))
