@@ -419,15 +419,19 @@ class ExecgateHands:
         kills: list[str] = []
         if self.running:
             samples = []
+            cpu, rises, calls = self.cpu, self.rise, self.calls
+            faults = max(int(dt * 1e5), 1)  # page faults cost a growing call CPU
             for cid, c in self.running.items():
                 if not c.held:
-                    self.cpu[cid] += max(int(dt * 1e5), 1)  # page faults cost it CPU
-                rise = self.rise.setdefault(cid, [])
+                    cpu[cid] += faults
+                rise = rises.get(cid)
+                if rise is None:
+                    rise = rises[cid] = []
                 if c.charge > (rise[-1][1] if rise else 0) * 1.05 and len(rise) < 256:
                     rise.append((now, int(c.charge)))
                 # growth_gate.update: memory.current + memory.swap.current
-                samples.append(Sample(cid, int(c.charge + c.swapped), self.cpu[cid],
-                                      self.calls[cid].declared_bytes, c.started))
+                samples.append(Sample(cid, int(c.charge + c.swapped), cpu[cid],
+                                      calls[cid].declared_bytes, c.started))
             # growth_gate.update gets available + the credit, for the gate and the last resort
             available = int(self.domain.budget - self.domain.usage()) + self.credit
             pressure = reading.gate_state if self.gate_on else Pressure.GREEN

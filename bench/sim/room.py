@@ -76,10 +76,12 @@ class SimResidency:
         busy = self.busy()
         room = self.swap_room()
         kept = self.swap_kept()
+        cold = cold and room > 0  # no swap room: no active sandbox's page can leave
         total = 0
         for b in self.domain.boxes.values():
             if b.id in busy:
-                total += self.cold_bytes(b, room, kept) if cold else 0
+                if cold:
+                    total += self.cold_bytes(b, room, kept)
             else:
                 total += self.reclaimable_bytes(b, busy, room, kept)
         self.last_pushable = total
