@@ -144,6 +144,7 @@ class Admission:
         self.estimator = estimator
         self.clock = clock
         self._queued: dict[str, _Entry] = {}
+        self._queued_bytes = 0  # their predicted peaks (queued_bytes), kept as they come and go
         self._running: dict[str, _Entry] = {}
         self._admitted_bytes = 0
         self._seq = 0
@@ -179,6 +180,7 @@ class Admission:
         entry = _Entry(call, demand, queue, arrival, self._seq)
         self._seq += 1
         self._queued[call.call_id] = entry
+        self._queued_bytes += peak
         self._fifo = self._fifo and arrival >= self._last_arrival
         self._last_arrival = max(self._last_arrival, arrival)
         self._active[call.sandbox] = self._active.get(call.sandbox, 0) + 1
@@ -331,7 +333,7 @@ class Admission:
 
     def queued_bytes(self) -> int:
         """Predicted peaks of the calls still waiting: room that would let them start."""
-        return sum(e.demand.peak_bytes for e in self._queued.values())
+        return self._queued_bytes
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-ready view for `execgatectl status`: queues, running calls, charges, credit."""
@@ -493,6 +495,7 @@ class Admission:
     ) -> Decision:
         cid = entry.call.call_id
         del self._queued[cid]
+        self._queued_bytes -= entry.demand.peak_bytes
         charge = self._within_budget(charge)
         entry.charge, entry.admitted_at, entry.forced, entry.probe = charge, now, forced, probe
         self._running[cid] = entry
@@ -509,6 +512,7 @@ class Admission:
         entry = self._queued.pop(call_id, None)
         if entry is None:
             return False
+        self._queued_bytes -= entry.demand.peak_bytes
         if call_id == self._target:
             self._retarget(self.clock())
         self._forget(entry.call.sandbox)

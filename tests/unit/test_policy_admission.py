@@ -3,6 +3,8 @@ queues, heavy credit, bounded wait, fairness, release and cancel."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from execgate.common.units import GiB, MiB
@@ -675,3 +677,24 @@ def test_overdue_calls_go_oldest_first_whether_or_not_they_came_in_order() -> No
     assert not h.adm._fifo
     first = h.step(reading(RED, eff=1000 * MiB))
     assert [d.call_id for d in first] == ["early"] and first[0].forced
+
+
+def test_queued_bytes_running_total_equals_the_sum_over_the_queue() -> None:
+    """queued_bytes is kept as calls are submitted, admitted, cancelled and released: at
+    every point it equals the sum of the queued calls' predicted peaks."""
+    rng = random.Random(7)
+    h = Harness()
+    ids: list[str] = []
+    for i in range(300):
+        op = rng.random()
+        if op < 0.5:
+            ids.append(f"c{i}")
+            h.submit(ids[-1], peak=rng.randint(1, 3000) * MiB, sandbox=f"s{i % 9}")
+        elif op < 0.7:
+            h.step(reading(rng.choice((GREEN, YELLOW, RED)), eff=rng.randint(0, 4096) * MiB))
+        elif ids:
+            cid = ids.pop(rng.randrange(len(ids)))
+            (h.adm.cancel if op < 0.85 else h.adm.release)(cid)
+        h.clock.advance(rng.choice((0.1, 5.0, 40.0)))
+        assert h.adm.queued_bytes() == sum(e.demand.peak_bytes for e in h.adm._queued.values())
+    assert h.adm._running and h.adm._queued  # both kinds were exercised
