@@ -121,7 +121,9 @@ def plan(cfg: ResidencyConfig, state: Pressure, green_for_s: float, need: int,
             actions = [Action("thaw", b.cid) for b in boxes if b.frozen]
         if room <= 0:
             return actions
-    idle = sorted((b for b in boxes if idle_enough(cfg, b.idle_s, b.ended, room > 0)),
+    # idle_s None (most sandboxes, busy) is never idle enough: skipped without the call
+    idle = sorted((b for b in boxes if b.idle_s is not None
+                   and idle_enough(cfg, b.idle_s, b.ended, room > 0)),
                   key=lambda b: -(b.idle_s or 0.0))
     if state == Pressure.RED and cfg.freeze:
         actions += [Action("freeze", b.cid) for b in idle if b.freezable and not b.frozen
