@@ -60,9 +60,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from execgate.common.units import MiB
+from execgate.policy.frozen import frozen
 from execgate.policy.pressure import PressureConfig, effective_margin
 from execgate.policy.pressure_state import Pressure
 
@@ -203,15 +203,6 @@ class CallDecision:
     forced: bool  # allowed by the hold cap, whatever the pressure
     denied_for_s: float  # length of the current denial episode before this decision
     held_s: float  # total time held so far
-
-
-def _call_decision(**fields: Any) -> CallDecision:
-    """CallDecision(**fields) without its frozen __init__'s object.__setattr__ per field: the
-    gate makes one per live call every period. Every field is given and the class has no
-    __post_init__, so the object is the same (test_policy_growth checks it)."""
-    d = object.__new__(CallDecision)
-    d.__dict__.update(fields)
-    return d
 
 
 @dataclass(frozen=True)
@@ -465,7 +456,8 @@ class GrowthController:
             ok, reason = verdicts[cid]
             allow[cid] = ok
             self._commit(c, ok, reason, now)
-            calls[cid] = _call_decision(
+            calls[cid] = frozen(  # its __init__ costs, one per call per period
+                CallDecision,
                 call_id=cid,
                 allow=ok,
                 reason=reason,

@@ -61,6 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from execgate.policy.frozen import frozen
 from execgate.policy.headroom import LiveSandbox
 from execgate.policy.pressure import fmt_bytes
 
@@ -295,6 +296,10 @@ class SandboxAdmission:
         self._queue: dict[str, _Queued] = {}
         self._starting: dict[str, _Starting] = {}
         self._seq = 0
+        # Whether the queue's own order (submission) is oldest first: true while creates come
+        # in arrival order; then a step need not sort it.
+        self._fifo = True
+        self._last_arrival = float("-inf")
         self._totals = {Verdict.ADMITTED.value: 0, Verdict.FAIL_OPEN.value: 0}
         self.start_s: float | None = None  # a start's duration, admission to first call (EWMA)
 
@@ -309,6 +314,8 @@ class SandboxAdmission:
         prediction = self.model.predict(request.image, request.call_peak_bytes)
         self._queue[sid] = _Queued(request, prediction, arrival, self._seq)
         self._seq += 1
+        self._fifo = self._fifo and arrival >= self._last_arrival
+        self._last_arrival = max(self._last_arrival, arrival)
         return SandboxTicket(sid, prediction, arrival, arrival + self.config.max_start_wait_s)
 
     def cancel(self, sandbox_id: str) -> bool:
@@ -365,7 +372,8 @@ class SandboxAdmission:
         decisions: list[SandboxDecision] = []
         ahead: str | None = None  # the oldest sandbox still waiting
         within = f"budget - S {fmt(room)}"
-        for entry in sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq)):
+        max_wait = f"{cfg.max_start_wait_s:g} s"
+        for entry in self._oldest_first():
             sid, pred = entry.request.sandbox_id, entry.prediction
             mine = (pred.call_peak_bytes, sid)
             peak, peak_of = mine if top is None else max(top, mine)
@@ -382,18 +390,20 @@ class SandboxAdmission:
             elif waited >= cfg.max_start_wait_s:
                 verdict = Verdict.FAIL_OPEN
                 reason = (f"fail open: waited {waited:.1f} s >= max_start_wait_s "
-                          f"{cfg.max_start_wait_s:g} s; {terms} vs {within}")
+                          f"{max_wait}; {terms} vs {within}")
             else:
                 verdict = Verdict.WAITING
                 if ahead is not None:
                     why = f"behind {ahead}, which came first (first in, first out); {terms}"
                 else:
                     why = f"{terms} > {within}, short {fmt(need - room)}"
-                reason = f"waiting {waited:.1f} s of {cfg.max_start_wait_s:g} s: {why}"
+                reason = f"waiting {waited:.1f} s of {max_wait}: {why}"
             entry.reason = reason
             absorbs = min(absorbed, arriving + pred.baseline_bytes)
-            decisions.append(SandboxDecision(sid, verdict, waited, need, room,
-                                             pred.baseline_bytes, peak, reason, absorbs))
+            decisions.append(frozen(  # its __init__ costs, one per queued create per step
+                SandboxDecision, sandbox_id=sid, verdict=verdict, waited_s=waited,
+                need_bytes=need, room_bytes=room, baseline_bytes=pred.baseline_bytes,
+                call_peak_bytes=peak, reason=reason, absorbed_bytes=absorbs))
             if verdict is Verdict.WAITING:
                 ahead = ahead or sid
                 continue
@@ -418,7 +428,7 @@ class SandboxAdmission:
                  "baseline_bytes": e.prediction.baseline_bytes,
                  "call_peak_bytes": e.prediction.call_peak_bytes,
                  "source": e.prediction.source, "reason": e.reason}
-                for e in sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq))
+                for e in self._oldest_first()
             ],
             "starting": [
                 {"sandbox_id": sid, "baseline_bytes": s.prediction.baseline_bytes,
@@ -431,6 +441,13 @@ class SandboxAdmission:
         }
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _oldest_first(self) -> list[_Queued]:
+        """The queued creates by (arrival, submission): the queue's own order while they came
+        in arrival order (a step decides every one of them, each period)."""
+        if self._fifo:
+            return list(self._queue.values())
+        return sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq))
 
     def absorbable(self, snap: DomainSnapshot) -> int:
         """What swap can take of arriving baselines: its bandwidth over a start (measured, else
@@ -446,24 +463,22 @@ class SandboxAdmission:
         prediction less the most resident memory seen of it: memory it allocated and residency
         then pushed out has arrived, and counting it again held the VM's burst creates back a
         whole docker run); its next-call peak is at least the predicted one."""
-        pinned = max(snap.other_bytes, 0)
-        if not self._starting:  # every sandbox as the snapshot shows it
-            return (pinned + sum(box.pinned_bytes for box in snap.sandboxes), 0,
-                    [(box.next_call_peak_bytes, box.sandbox_id) for box in snap.sandboxes])
+        boxes = snap.sandboxes
+        pinned = max(snap.other_bytes, 0) + sum(box.pinned_bytes for box in boxes)
+        peaks = [(box.next_call_peak_bytes, box.sandbox_id) for box in boxes]
+        starting = self._starting
+        if not starting:  # every sandbox as the snapshot shows it
+            return pinned, 0, peaks
         arriving = 0
-        peaks: list[tuple[int, str]] = []
         seen: set[str] = set()
-        for box in snap.sandboxes:
+        # The few starting sandboxes among the live ones, found in one pass over the ids.
+        for i in [i for i, (_, sid) in enumerate(peaks) if sid in starting]:
+            box, start = boxes[i], starting[peaks[i][1]]
             seen.add(box.sandbox_id)
-            start = self._starting.get(box.sandbox_id)
-            held, peak = box.pinned_bytes, box.next_call_peak_bytes
-            if start is not None:
-                start.seen_bytes = max(start.seen_bytes, box.resident_bytes)
-                arriving += max(start.prediction.baseline_bytes - start.seen_bytes, 0)
-                peak = max(peak, start.prediction.call_peak_bytes)
-            pinned += held
-            peaks.append((peak, box.sandbox_id))
-        for sid, start in self._starting.items():
+            start.seen_bytes = max(start.seen_bytes, box.resident_bytes)
+            arriving += max(start.prediction.baseline_bytes - start.seen_bytes, 0)
+            peaks[i] = (max(peaks[i][0], start.prediction.call_peak_bytes), box.sandbox_id)
+        for sid, start in starting.items():
             if sid not in seen:
                 arriving += start.prediction.baseline_bytes
                 peaks.append((start.prediction.call_peak_bytes, sid))

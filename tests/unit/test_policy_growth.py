@@ -6,7 +6,6 @@ floating point, so the D_min / D_max / hold-cap / AIMD boundaries can be asserte
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -16,14 +15,12 @@ import pytest
 
 from execgate.common.units import GiB, MiB
 from execgate.policy.growth import (
-    CallDecision,
     CallState,
     GateDecision,
     GrowthConfig,
     GrowthController,
     Reason,
     Sample,
-    _call_decision,
     pick_last_resort_victim,
 )
 from execgate.policy.pressure import PressureConfig, assess_pressure, effective_margin
@@ -957,12 +954,3 @@ def test_three_clock_paced_ramps_fit_a_512_mib_domain() -> None:
     assert peak <= budget - 64 * MiB, peak / MiB
     assert sum(ctl.finished(c.cid).held_s for c in calls) > 8.0  # type: ignore[union-attr]
 
-
-def test_call_decisions_built_without_init_equal_the_dataclass_s() -> None:
-    """update() builds its CallDecisions past the frozen __init__ (one per call per period):
-    every field given, they equal, hash and print as the constructor's."""
-    fields = {f.name: f"v-{f.name}" for f in dataclasses.fields(CallDecision)}
-    fast, slow = _call_decision(**fields), CallDecision(**fields)
-    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.allow = False  # type: ignore[misc]
