@@ -83,6 +83,8 @@ _SNAP_SWAP = _sa is not None and "swap_free_bytes" in {
 _ASSESS = inspect.signature(assess_pressure).parameters
 _PSI = "psi_some_avg10" in _ASSESS
 _CREDIT = "swap_credit" in _ASSESS and SwapCredit is not None
+_STARTS_ONLY = ({"waiting": False} if _sa is not None and "waiting" in inspect.signature(
+    _sa.SandboxAdmission.step).parameters else {})
 _VICTIM_SWAP = "swap_free" in inspect.signature(GrowthController.last_resort_victim).parameters
 
 
@@ -255,7 +257,7 @@ class ExecgateHands:
             self.res.make_room(self.res.room_wanted())
         pushable = sum(s.pushable_bytes for s in live)
         go = []
-        for d in self.sandboxes.step(snap):
+        for d in self.sandboxes.step(snap, **_STARTS_ONLY):  # the starts: all it acts on
             if d.start:
                 # Admitted on what idle sandboxes can give back or swap absorbs: have them
                 # give it (daemon/sandboxes.py step()).

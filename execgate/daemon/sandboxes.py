@@ -207,7 +207,7 @@ class Sandboxes:
         snap = self._snapshot(reading, used, calls, set(busy()), activity, queued_peaks())
         self.last = snap
         pushable = sum(s.pushable_bytes for s in snap.sandboxes)
-        for d in self.policy.step(snap):
+        for d in self.policy.step(snap, waiting=False):  # the starts: all it acts on
             if not d.start:
                 continue
             # Admitted on what idle sandboxes can give back, or on what swap absorbs while the

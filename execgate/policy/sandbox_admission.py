@@ -300,6 +300,9 @@ class SandboxAdmission:
         # in arrival order; then a step need not sort it.
         self._fifo = True
         self._last_arrival = float("-inf")
+        # What the last step(waiting=False) left undecided: the creates behind the first that
+        # waits, their reasons formatted on demand (snapshot).
+        self._later: Callable[[], object] | None = None
         self._totals = {Verdict.ADMITTED.value: 0, Verdict.FAIL_OPEN.value: 0}
         self.start_s: float | None = None  # a start's duration, admission to first call (EWMA)
 
@@ -341,10 +344,15 @@ class SandboxAdmission:
         if baseline_bytes is not None:
             self.model.observe(image, baseline_bytes, call_peak_bytes)
 
-    def step(self, snap: DomainSnapshot) -> list[SandboxDecision]:
-        """Decide every queued create, oldest first; started ones leave the queue."""
+    def step(self, snap: DomainSnapshot, waiting: bool = True) -> list[SandboxDecision]:
+        """Decide every queued create, oldest first; started ones leave the queue.
+
+        waiting=False returns the creates that start only (what the daemon acts on): first in,
+        first out, every create behind the first that waits waits too, and their reasons are
+        formatted when snapshot() reads them, not for every queued create every period."""
         now = self.clock()
         cfg = self.config
+        self._later = None
         self._starting = {sid: s for sid, s in self._starting.items()
                           if now - s.admitted_at < cfg.settle_s}
         pinned, arriving, peaks = self._pinned(snap)
@@ -373,7 +381,8 @@ class SandboxAdmission:
         ahead: str | None = None  # the oldest sandbox still waiting
         within = f"budget - S {fmt(room)}"
         max_wait = f"{cfg.max_start_wait_s:g} s"
-        for entry in self._oldest_first():
+        def decide(entry: _Queued) -> SandboxDecision:
+            """This step's verdict on one create; its reason is kept for snapshot()."""
             sid, pred = entry.request.sandbox_id, entry.prediction
             mine = (pred.call_peak_bytes, sid)
             peak, peak_of = mine if top is None else max(top, mine)
@@ -400,17 +409,29 @@ class SandboxAdmission:
                 reason = f"waiting {waited:.1f} s of {max_wait}: {why}"
             entry.reason = reason
             absorbs = min(absorbed, arriving + pred.baseline_bytes)
-            decisions.append(frozen(  # its __init__ costs, one per queued create per step
+            return frozen(  # its __init__ costs, one per queued create per step
                 SandboxDecision, sandbox_id=sid, verdict=verdict, waited_s=waited,
                 need_bytes=need, room_bytes=room, baseline_bytes=pred.baseline_bytes,
-                call_peak_bytes=peak, reason=reason, absorbed_bytes=absorbs))
-            if verdict is Verdict.WAITING:
-                ahead = ahead or sid
+                call_peak_bytes=peak, reason=reason, absorbed_bytes=absorbs)
+
+        queue = self._oldest_first()
+        for i, entry in enumerate(queue):
+            d = decide(entry)
+            if d.verdict is Verdict.WAITING:
+                ahead = ahead or d.sandbox_id
+                if not waiting:  # the rest wait behind it: decided when snapshot() asks
+                    self._later = functools.partial(lambda rest: [decide(e) for e in rest],
+                                                    queue[i + 1:])
+                    break
+                decisions.append(d)
                 continue
+            decisions.append(d)
+            sid, pred = d.sandbox_id, entry.prediction
             del self._queue[sid]
             self._starting[sid] = _Starting(pred, now)
-            self._totals[verdict.value] += 1
+            self._totals[d.verdict.value] += 1
             arriving += pred.baseline_bytes
+            mine = (pred.call_peak_bytes, sid)
             top = mine if top is None else max(top, mine)
             empty = False
         return decisions
@@ -420,6 +441,9 @@ class SandboxAdmission:
         started sandboxes not yet at their baseline, totals, learned baselines."""
         now = self.clock()
         wait = self.config.max_start_wait_s
+        if self._later is not None:  # the reasons the last step left to be formatted
+            self._later()
+            self._later = None
         return {
             "max_start_wait_s": wait,
             "waiting": [

@@ -4,6 +4,7 @@ FIFO, always when nothing is live, fail open after max_start_wait_s; baselines l
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -352,3 +353,36 @@ def test_the_history_exports_and_restores_whole_within_its_bounds() -> None:
     bounded = BaselineModel(SandboxAdmissionConfig(history_window=1, max_images=1))
     bounded.restore(model.export())
     assert bounded.export() == {"b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB]}}
+
+
+def test_starts_only_step_decides_as_the_full_step_and_snapshot_says_the_same() -> None:
+    """step(waiting=False) leaves out the creates that wait (every one behind the first that
+    waits: first in, first out): the starts are the full step's, the queue and totals after it
+    too, and snapshot() formats the same reasons the full step gave each waiting create."""
+    rng = random.Random(3)
+    full, clock = make()
+    lazy = SandboxAdmission(CFG, clock)
+    live: list[LiveSandbox] = []
+    for i in range(400):
+        op = rng.random()
+        if op < 0.4:
+            req = SandboxRequest(f"s{i}", rng.choice(("py", "node")),
+                                 rng.choice((None, 128 * MiB, 900 * MiB)))
+            full.submit(req)
+            lazy.submit(req)
+        elif op < 0.5 and live:
+            gone, baseline = live.pop(rng.randrange(len(live))), rng.randint(50, 400) * MiB
+            for adm in (full, lazy):
+                adm.finished(gone.sandbox_id, "py", baseline)
+        else:
+            s = snap(*live, budget=rng.choice((1, 2, 4)) * GiB, calls=(rng.randint(0, 600) * MiB,))
+            every = full.step(s)
+            started = lazy.step(s, waiting=False)
+            assert started == [d for d in every if d.start]
+            live += [LiveSandbox(d.sandbox_id, rng.randint(50, 300) * MiB, 0, None, 256 * MiB)
+                     for d in started]
+            if rng.random() < 0.3:
+                assert lazy.snapshot() == full.snapshot()
+        clock.t += rng.choice((0.1, 1.0, 30.0))
+    assert lazy.snapshot() == full.snapshot()
+    assert full.snapshot()["totals"]["fail-open"] > 0 and full.snapshot()["totals"]["admitted"] > 0
