@@ -187,22 +187,35 @@ def trace_category(command: str) -> str:
 # Memory curves (mirrored by bench/load/memload.c)
 
 
+def _ramp(x: float, p: float) -> float:  # linear rise to the peak at p, then held to the end
+    return 1.0 if p <= 0.0 else min(1.0, x / p)
+
+
+def _spike(x: float, p: float) -> float:  # short triangle centred on p
+    return max(0.0, 1.0 - abs(x - p) / SPIKE_HALF_WIDTH)
+
+
+def _plateau(x: float, p: float) -> float:  # at peak from the start until p, then back down
+    return 1.0 if x <= p else 0.0
+
+
+def _sawtooth(x: float, p: float) -> float:  # teeth of length p, each a rise to the peak
+    if p <= 0.0:
+        return 1.0
+    r = math.fmod(x, p)
+    return 1.0 if (r == 0.0 and x > 0.0) else r / p
+
+
+# Each shape's fraction of x in [0, 1] (a Curve keeps its own: no lookup per evaluation).
+_FRACTIONS = {"ramp": _ramp, "spike": _spike, "plateau": _plateau, "sawtooth": _sawtooth}
+
+
 def shape_fraction(shape: str, x: float, peak_at: float) -> float:
     """Where between baseline (0) and peak (1) the curve is at fraction x of the active time."""
-    x = min(1.0, max(0.0, x))
-    p = peak_at
-    if shape == "ramp":  # linear rise to the peak at p, then held to the end
-        return 1.0 if p <= 0.0 else min(1.0, x / p)
-    if shape == "spike":  # short triangle centred on p
-        return max(0.0, 1.0 - abs(x - p) / SPIKE_HALF_WIDTH)
-    if shape == "plateau":  # at peak from the start until p, then back to baseline
-        return 1.0 if x <= p else 0.0
-    if shape == "sawtooth":  # teeth of length p, each a rise from baseline to peak
-        if p <= 0.0:
-            return 1.0
-        r = math.fmod(x, p)
-        return 1.0 if (r == 0.0 and x > 0.0) else r / p
-    raise ValueError(f"unknown shape {shape!r}")
+    fraction = _FRACTIONS.get(shape)
+    if fraction is None:
+        raise ValueError(f"unknown shape {shape!r}")
+    return fraction(min(1.0, max(0.0, x)), peak_at)
 
 
 class Curve:
@@ -210,11 +223,11 @@ class Curve:
     curve many times (the simulator, every period of every running call). Same arithmetic,
     same floats."""
 
-    __slots__ = ("active", "baseline", "hold", "peak", "peak_at", "shape", "span", "t_peak")
+    __slots__ = ("active", "baseline", "fraction", "hold", "peak", "peak_at", "span", "t_peak")
 
     def __init__(self, profile: MemoryProfile, duration_s: float) -> None:
         self.baseline, self.peak = profile.baseline_bytes, profile.peak_bytes
-        self.shape, self.peak_at = profile.shape, profile.peak_at
+        self.fraction, self.peak_at = _FRACTIONS[profile.shape], profile.peak_at
         self.span = profile.peak_bytes - profile.baseline_bytes
         self.hold = min(profile.hold_s, duration_s)
         self.active = duration_s - self.hold
@@ -231,7 +244,7 @@ class Curve:
             return float(self.peak)
         else:
             x = (t - self.hold) / active
-        return self.baseline + self.span * shape_fraction(self.shape, x, self.peak_at)
+        return self.baseline + self.span * self.fraction(min(1.0, max(0.0, x)), self.peak_at)
 
 
 def memory_at(profile: MemoryProfile, t: float, duration_s: float) -> float:
