@@ -125,6 +125,7 @@ class SimCall:
     def __post_init__(self) -> None:
         self.touched = self.started
         self._curve = Curve(self.profile, self.duration_s)  # evaluated every period
+        self._curve_of = self.profile
 
     @property
     def resident(self) -> float:
@@ -136,6 +137,8 @@ class SimCall:
 
     def curve(self, now: float) -> float:
         t = now - self.started - self.lag
+        if self._curve_of is not self.profile:  # a profile swapped in (the tests do)
+            self._curve, self._curve_of = Curve(self.profile, self.duration_s), self.profile
         return self._curve(min(max(t, 0.0), self.duration_s))
 
     def advance(self, now: float) -> None:
