@@ -83,7 +83,11 @@ def test_select_gate_falls_back_when_another_scheduler_runs(tmp_path: Path) -> N
     (sysfs / "root" / "ops").write_text("rusty\n")
     g, reason = actuator.select_gate(tmp_path / "build", str(tmp_path / "pins"),
                                      cgroup_root=str(tmp_path), sysfs=str(sysfs))
-    assert isinstance(g, actuator.FreezeGate) and "rusty" in reason
+    assert isinstance(g, actuator.FreezeGate)
+    assert reason == ("sched_ext unavailable (another sched_ext scheduler (rusty) is loaded; "
+                      "execgate leaves it loaded); using cgroup.freeze")
+    assert (sysfs / "state").read_text() == "enabled\n"  # left as it was
+    assert (sysfs / "root" / "ops").read_text() == "rusty\n"
 
 
 def test_recover_with_nothing_left_behind(tmp_path: Path) -> None:
