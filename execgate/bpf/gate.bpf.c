@@ -419,6 +419,27 @@ void GATE_OP(gate_exit, struct scx_exit_info *ei)
 		bpf_timer_cancel(&t->timer);
 }
 
+/*
+ * A task leaves sched_ext: the daemon gave it its own policy back (the call was
+ * allowed again: the partial switch releases a held call that way, the kernel
+ * taking it off HELD_DSQ) or it exited. Keep `held` true, and count what left
+ * HELD_DSQ that way as released, as a scan's move would have been.
+ */
+void GATE_OP(gate_disable, struct task_struct *p)
+{
+	struct gate_stat *st = stats();
+	s32 now;
+
+	if (!st)
+		return;
+	now = scx_bpf_dsq_nr_queued(HELD_DSQ);
+	if (now < 0)
+		return;
+	if ((u64)now < st->held)
+		__sync_fetch_and_add(&st->released, st->held - now);
+	st->held = now;
+}
+
 SEC(".struct_ops.link")
 struct sched_ext_ops gate_ops = {
 	.select_cpu	= (void *)gate_select_cpu,
@@ -426,6 +447,7 @@ struct sched_ext_ops gate_ops = {
 	.dispatch	= (void *)gate_dispatch,
 	.init		= (void *)gate_init,
 	.exit		= (void *)gate_exit,
+	.disable	= (void *)gate_disable,
 	/* only SCHED_EXT tasks (held calls'); ops.enqueue() also for the last
 	 * runnable task on a CPU, or it never parks */
 	.flags		= SCX_OPS_SWITCH_PARTIAL | SCX_OPS_ENQ_LAST,
