@@ -119,7 +119,7 @@ def test_a_call_the_daemon_placed_is_journaled_after_the_daemon_dies(
     cid = containers.run()
     _settle()
     t0 = time.monotonic()
-    docker("exec", "-d", cid, "sleep", "20")
+    docker("exec", "-d", cid, "sleep", "60")  # outlives a slow restart on a loaded host
     wait_for(lambda: ctl_status()["daemon"]["exec"]["following"] >= 1, what="the call followed")
     (call,) = tool_cgroups(container_cgroup(cid))
     systemctl("kill", "-s", "KILL", "execgated")
@@ -127,5 +127,5 @@ def test_a_call_the_daemon_placed_is_journaled_after_the_daemon_dies(
     assert call in tool_cgroups(container_cgroup(cid))  # still running
     wait_for(lambda: any(e["call"] == call for e in journal_for(cid)), timeout=120,
              what="its journal line")
-    assert time.monotonic() - t0 >= 15  # not before it ended
+    assert time.monotonic() - t0 >= 55  # not before it ended
     wait_for(lambda: call not in tool_cgroups(container_cgroup(cid)), what="its cgroup gone")
