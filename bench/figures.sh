@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the figures of README.md, docs/benchmarks.md and docs/sim/README.md, in one command:
 #   bench/figures.sh sim [OUT]    the simulator's (host, a few minutes of CPU): validation against
-#                                 the VM sweep, the fleet points with the fleet boots' cost fit,
+#                                 the VM sweep, the fleet points against the a982a58 boots,
 #                                 hardware costs, 15x and 1,000 sandboxes
 #   bench/figures.sh vm [OUT]     the VM's (hours; one VM at a time): the fleet points (burst,
 #                                 Poisson, Poisson with hot calls, 3 repeats of eager+swap and
@@ -24,9 +24,11 @@ mkdir -p "$out"
 sim() {
     local s=$out/sim
     mkdir -p "$s/fleet" "$s/hw"
-    local fleet w p b
-    # The cost fit of today's runtime (the compiled front): the a982a58 fleet boots.
-    fleet=$(ls "$repo"/docs/replay/fleet/{poisson,burst}-a982a58/repeat-*.json.gz | paste -sd,)
+    local poisson burst fleet w p b
+    # The runs of today's runtime (the compiled front): the VM side, and the cost fit.
+    poisson=$(ls "$repo"/docs/replay/fleet/poisson-a982a58/repeat-*.json.gz | paste -sd,)
+    burst=$(ls "$repo"/docs/replay/fleet/burst-a982a58/repeat-*.json.gz | paste -sd,)
+    fleet=$poisson,$burst
     w="--tasks 16 --seed 13 --mem-scale 6 --cpu-scale 0 --oversub 8.6 --zram-size 1g"
     p="--speed 2 --max-calls 3 --idle-scale 0.05 --arrival poisson --mean-gap 20 --admission-wait 300"
     b="--workload burst --speed 10 --admission-wait 60"
@@ -34,10 +36,10 @@ sim() {
     {
         "$python" -m bench.sim validate docs/replay/sweep/results.json.gz --policy-rev fff81fa --out "$s"
         "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
-            --name fleet-poisson --against "$(ls "$repo"/docs/replay/fleet/poisson-a982a58/repeat-*.json.gz | paste -sd,)" \
+            --name fleet-poisson --against "$poisson" \
             -- $w --swap on $p --schemes eager+swap,execgate
         "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
-            --name fleet-burst --against "$(ls "$repo"/docs/replay/fleet/burst-a982a58/repeat-*.json.gz | paste -sd,)" \
+            --name fleet-burst --against "$burst" \
             -- $w --swap on $b --schemes eager+swap,execgate
         "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
             --name fleet-poisson-hot -- $w --swap on $p --hot-calls --schemes eager+swap,execgate
