@@ -3,7 +3,8 @@
 Every control period the controller (policy/growth.py, TenonAgent Algorithm 1) gets one sample
 per running call and decides which may grow; only *changes* reach the actuator — the sched_ext
 scheduler's deny map, or cgroup.freeze where sched_ext is missing (bpf/gate.py). The actuator
-is checked every second: an ejected scheduler falls back to freezing and is re-loaded later.
+is checked every second: an ejected scheduler falls back to freezing and is re-loaded later, and
+so is execgate's own when another sched_ext scheduler held the kernel at start and then left.
 A held call's tasks get `held_oom_score_adj` while held (calls/oom_score.py): a call we stopped
 keeps its memory, and at the tool value it would be the kernel's first OOM victim.
 Last resort (ToolSched §3.4): when red persists, swap is full or absent and the domain is about
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from execgate.bpf import scx
+from execgate.bpf.scx import SCX_SYSFS
 from execgate.calls import oom_score
 from execgate.cgroups import v2
 from execgate.common.units import MiB
@@ -102,7 +105,10 @@ class GrowthGate:
         self.done: OrderedDict[str, CallSummary] = OrderedDict()
         self.killed: dict[str, Victim] = {}
         self._next_health = 0.0
-        self._ejected_at: float | None = None
+        # When the gate fell back to freezing (its scheduler ejected, or another one loaded at
+        # start): sched_ext is tried again RELOAD_AFTER_S later, once no scheduler is loaded.
+        self._fallback_at: float | None = None
+        self.sysfs = SCX_SYSFS  # sched_ext's sysfs (a temp dir in tests)
         self.last: Any = None
         self.tool_oom_score_adj = tool_oom_score_adj
         self.proc = oom_score.PROC  # /proc (a temp dir in tests)
@@ -120,9 +126,14 @@ class GrowthGate:
         try:
             prefer = self.mode if self.mode in ("sched_ext", "freeze") else "auto"
             self.actuator, self.reason = select_gate(
-                prefer=prefer, hold_cap_s=min(self.config.max_hold_s + 2.0, 25.0))
+                prefer=prefer, hold_cap_s=min(self.config.max_hold_s + 2.0, 25.0),
+                sysfs=self.sysfs)
         except Exception as e:  # noqa: BLE001 - no gate is better than no daemon
             self.actuator, self.reason = None, f"no actuator: {e}"
+        if self.actuator is not None and self.actuator.kind == "freeze" and prefer != "freeze" \
+                and self._other_scheduler():
+            self._fallback_at = self.clock()  # ours once it unloads (_health)
+            self.reason += "; sched_ext once it unloads"
         log.info("growth gate: %s", self.reason)
 
     def stop(self) -> None:
@@ -152,18 +163,17 @@ class GrowthGate:
                 log.warning("unloading the ejected gate: %s", e)
             self.actuator = FreezeGate()
             self.reason = f"cgroup.freeze (sched_ext ejected: {why}; retry in {RELOAD_AFTER_S:g} s)"
-            self._ejected_at = now
+            self._fallback_at = now
             for t in self.tracked.values():
                 if not t.allowed:
                     self.actuator.set(t.cgroup, False)
-        elif self._ejected_at is not None and now - self._ejected_at > RELOAD_AFTER_S \
-                and self.mode in ("auto", "sched_ext"):
-            self._ejected_at = None
+        elif self._retry_due(now):
+            self._fallback_at = None
             frozen = self.actuator
             try:
-                gate, reason = select_gate(prefer="sched_ext")
+                gate, reason = select_gate(prefer="sched_ext", sysfs=self.sysfs)
             except Exception as e:  # noqa: BLE001
-                self._ejected_at = now
+                self._fallback_at = now
                 log.warning("sched_ext reload failed: %s", e)
                 return
             frozen.clear()
@@ -172,6 +182,18 @@ class GrowthGate:
                 if not t.allowed:  # by path: its tasks get SCHED_EXT
                     self.actuator.set(t.cgroup, False)
             log.info("growth gate: %s", reason)
+
+    def _retry_due(self, now: float) -> bool:
+        """Freezing for RELOAD_AFTER_S since a fallback, and sched_ext free to load again."""
+        return self._fallback_at is not None and now - self._fallback_at > RELOAD_AFTER_S \
+            and self.mode in ("auto", "sched_ext") and scx.state(self.sysfs) == "disabled"
+
+    def _other_scheduler(self) -> bool:
+        """Another sched_ext scheduler than execgate's holds the kernel."""
+        from .actuator import SCHED_NAME
+
+        return scx.state(self.sysfs) not in ("disabled", "unsupported") and \
+            scx.scheduler_name(self.sysfs) not in (None, SCHED_NAME)
 
     # -- the period ----------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from execgate.common.units import MiB
 from execgate.daemon.actuator import FreezeGate
-from execgate.daemon.growth_gate import HPAGE_SIZE, PAGE_SIZE, GrowthGate
+from execgate.daemon.growth_gate import HPAGE_SIZE, PAGE_SIZE, RELOAD_AFTER_S, GrowthGate
 from execgate.policy.estimate import CallInfo
 from execgate.policy.growth import GrowthConfig
 from execgate.policy.pressure_state import Pressure
@@ -226,3 +226,34 @@ def test_no_lowering_when_calls_are_not_raised(tmp_path: Path) -> None:
         gg.update(calls, Pressure.RED, 0)
     assert gg.snapshot()["held"] == ["tool-a"]
     assert _adj(Path(gg.proc), 101) == 0
+
+
+def _sysfs(root: Path, state: str, ops: str | None = None) -> str:
+    (root / "root").mkdir(parents=True, exist_ok=True)
+    (root / "state").write_text(state + "\n")
+    if ops is not None:
+        (root / "root" / "ops").write_text(ops + "\n")
+    elif (root / "root" / "ops").exists():
+        (root / "root" / "ops").unlink()
+    return str(root)
+
+
+def test_sched_ext_is_retried_once_another_scheduler_unloads(tmp_path: Path) -> None:
+    """Another scheduler held the kernel when the daemon started (the gate froze instead):
+    sched_ext is tried again once it is gone, not while it runs, not before RELOAD_AFTER_S."""
+    clock = Clock()
+    gg = GrowthGate(GrowthConfig(), "auto", clock)
+    gg.sysfs = _sysfs(tmp_path, "enabled", "eg_other")
+    assert gg._other_scheduler()
+    gg._fallback_at = clock.t
+    clock.t += RELOAD_AFTER_S + 1
+    assert not gg._retry_due(clock.t), "the other scheduler is still loaded"
+    _sysfs(tmp_path, "disabled")
+    assert not gg._other_scheduler()
+    assert gg._retry_due(clock.t)
+    assert not gg._retry_due(gg._fallback_at + 1), "too soon after the fallback"
+    gg.mode = "freeze"
+    assert not gg._retry_due(clock.t), "freeze by config stays freeze"
+    _sysfs(tmp_path, "enabled", "execgate")
+    assert not gg._other_scheduler(), "execgate's own scheduler is not another one"
+    assert not GrowthGate(GrowthConfig(), "auto", clock)._retry_due(clock.t), "no fallback"
