@@ -2,8 +2,8 @@
 
 Kubernetes (CRI: containerd, CRI-O) and nerdctl put the name in the bundle's annotations, which
 the container record keeps. Docker keeps it in its own container config (config.v2.json under
-its data root), not in the OCI bundle: read there, at status time only (never on a call's
-path).
+its data root: daemon.json's `data-root`, else /var/lib/docker), not in the OCI bundle: read
+there, at status time only (never on a call's path).
 """
 
 from __future__ import annotations
@@ -16,8 +16,20 @@ NAME_ANNOTATIONS = ("io.kubernetes.cri.container-name", "io.kubernetes.container
                     "nerdctl/name")
 POD_ANNOTATIONS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name")
 DOCKER_ROOT = "/var/lib/docker"
+DOCKER_CONFIG = "/etc/docker/daemon.json"
 SHORT_ID = 12
 CONFIG_MAX = 1 << 20  # config.v2.json holds the container's state too: a few kB
+
+
+def docker_root(config: str = DOCKER_CONFIG) -> str:
+    """Docker's data root: daemon.json's `data-root` when it sets one (an absolute path), else
+    the default. A dockerd started with --data-root on its command line is not seen."""
+    try:
+        with open(config, "rb") as f:
+            root = json.loads(f.read(CONFIG_MAX)).get("data-root")
+    except (OSError, ValueError, AttributeError):
+        return DOCKER_ROOT
+    return root if isinstance(root, str) and os.path.isabs(root) else DOCKER_ROOT
 
 
 def name_of(record: dict[str, Any], docker_root: str = DOCKER_ROOT) -> str:

@@ -66,12 +66,13 @@ def _swap(cg: str) -> dict[str, Any]:
 def collect(cfg: Config, recent: int = 20) -> dict[str, Any]:
     now = time.time()
     sandboxes = []
+    docker_root = names.docker_root()
     for rec in records.containers(cfg.state_dir):
         cg = rec.get("cgroup")
         alive = bool(cg) and os.path.isdir(cg)
         sandboxes.append({
             "id": rec["id"],
-            "name": names.name_of(rec),
+            "name": names.name_of(rec, docker_root),
             "sandbox": rec.get("sandbox", rec["id"]),
             "managed": bool(rec.get("managed")),
             "reason": rec.get("reason"),

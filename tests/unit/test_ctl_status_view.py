@@ -36,6 +36,16 @@ def test_a_container_is_shown_by_its_name(tmp_path: Path) -> None:
     assert names.name_of({"id": CID}, str(docker)) == CID[:12]
 
 
+def test_docker_data_root_comes_from_daemon_json(tmp_path: Path) -> None:
+    conf = tmp_path / "daemon.json"
+    assert names.docker_root(str(conf)) == names.DOCKER_ROOT  # no daemon.json
+    conf.write_text(json.dumps({"data-root": "/srv/docker", "runtimes": {}}))
+    assert names.docker_root(str(conf)) == "/srv/docker"
+    for bad in ('{"data-root": "relative"}', '{"data-root": 7}', "[1]", "{broken"):
+        conf.write_text(bad)
+        assert names.docker_root(str(conf)) == names.DOCKER_ROOT, bad
+
+
 def test_status_shows_names_commands_and_human_sizes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cg = tmp_path / "cg"
