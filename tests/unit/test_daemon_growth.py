@@ -173,7 +173,7 @@ def test_held_values_are_the_decision_of_oom_score() -> None:
 
 def test_a_held_call_is_not_the_preferred_oom_victim_while_held(tmp_path: Path) -> None:
     """Issue 15 §4: a held call's tasks drop from tool_oom_score_adj (500) to
-    held_oom_score_adj (0) while the gate holds it, so the kernel kills a running grower; a
+    held_oom_score_adj (-500) while the gate holds it, so the kernel kills a running grower; a
     task it forks meanwhile is lowered too, and all get their value back when released."""
     clock = Clock()
     gg = GrowthGate(GrowthConfig(), "freeze", clock, tool_oom_score_adj=500)
@@ -197,14 +197,14 @@ def test_a_held_call_is_not_the_preferred_oom_victim_while_held(tmp_path: Path) 
     assert held is not None and len(held) == 1
     cg, pids = (a, (101, 102)) if held == ["tool-a"] else (b, (201,))
     running_pids = (201,) if held == ["tool-a"] else (101, 102)
-    assert [_adj(proc, p) for p in pids] == [0] * len(pids)
+    assert [_adj(proc, p) for p in pids] == [-500] * len(pids)
     assert [_adj(proc, p) for p in running_pids] == [500] * len(running_pids)
-    # The held call forks (the child inherits 0) and a watcher raises one task again.
-    _tasks(tmp_path, cg, {**{p: 0 for p in pids}, 999: 0})
+    # The held call forks (the child inherits -500) and a watcher raises one task again.
+    _tasks(tmp_path, cg, {**{p: -500 for p in pids}, 999: -500})
     (proc / str(pids[0]) / "oom_score_adj").write_text("500\n")
     clock.t += 0.1
     gg.update(calls, Pressure.RED, 600 * MiB)
-    assert _adj(proc, pids[0]) == 0, "lowered again while held"
+    assert _adj(proc, pids[0]) == -500, "lowered again while held"
     for _ in range(3):
         clock.t += 0.1
         gg.update(calls, Pressure.GREEN, 8 << 30)  # released
@@ -214,7 +214,7 @@ def test_a_held_call_is_not_the_preferred_oom_victim_while_held(tmp_path: Path) 
 
 def test_no_lowering_when_calls_are_not_raised(tmp_path: Path) -> None:
     clock = Clock()
-    gg = GrowthGate(GrowthConfig(), "freeze", clock, tool_oom_score_adj=0)
+    gg = GrowthGate(GrowthConfig(held_oom_score_adj=0), "freeze", clock, tool_oom_score_adj=0)
     gg.actuator = FreezeGate(str(tmp_path))
     a = _cg(tmp_path, "tool-a")
     gg.proc = str(_tasks(tmp_path, a, {101: 0}))

@@ -716,7 +716,7 @@ def test_a_declared_call_is_never_held_and_its_declaration_is_reserved() -> None
 
 
 def test_held_oom_score_adj_is_validated() -> None:
-    assert GrowthConfig().held_oom_score_adj == 0
+    assert GrowthConfig().held_oom_score_adj == -500
     with pytest.raises(ValueError):
         GrowthConfig(held_oom_score_adj=1001)
 
