@@ -72,6 +72,7 @@ class EventSources(AgentsState):
             self._probe_off = f"rule {self.conf.rule!r} is followed by the proc connector only"
             log.info("inside agents: %s", self._probe_off)
             return False
+        t0 = time.monotonic()
         try:
             obj = probe_mod.build()
             self.probe = probe_mod.load(obj, slice_ns=self._slice_ns)
@@ -93,8 +94,8 @@ class EventSources(AgentsState):
             for pid, cid in table.items():
                 if cid in self.boxes:
                     self._probe_agent(pid, self.boxes[cid], wrapper)
-        log.info("inside agents: following commands in the kernel (%s, slice %.1f ms)", obj,
-                 self._slice_ns / 1e6)
+        log.info("inside agents: following commands in the kernel (%s, slice %.1f ms; loaded "
+                 "in %.1f s)", obj, self._slice_ns / 1e6, time.monotonic() - t0)
         return True
 
     def _eager(self, name: str) -> None:
