@@ -37,7 +37,8 @@ N = 3
 # spread by more than a second no longer overlap enough to overrun the slice even eagerly.
 RAMP = ["memload", "--peak-mib", "200", "--duration", "8", "--shape", "ramp", "--peak-at",
         "0.95", "--cpu", "0.2"]
-LEAD_S = 15.0  # time for the execs to be under way (concurrent execs took up to 11 s to start)
+LEAD_S = 30.0  # time for the execs to be under way (concurrent execs took up to 11 s to start;
+#               at 15 s, three eager ramps on a slow two-lane host no longer overran the slice)
 # max_queued_s at or below the wait: every call forced in at once (no-force off).
 NO_ADMISSION = "[admission]\nmax_admission_wait_s = 0.0\nmax_queued_s = 0.0\n"
 HELD_NOTE = b"paused by the memory growth gate"
