@@ -69,6 +69,12 @@ def exists_in(cid: str, path: str) -> bool:
     return os.path.exists(f"/proc/{init_pid(cid)}/root{path}")
 
 
+def release(cid: str, fifo: str) -> None:
+    """Lets an agent blocked on reading `fifo` (a path in its container) go on."""
+    with open(f"/proc/{init_pid(cid)}/root{fifo}", "w") as f:
+        f.write("go\n")
+
+
 def leftovers(cg: str) -> list[str]:
     """Tool cgroups that are not the daemon's empty prepared spares."""
     out = []
@@ -131,8 +137,7 @@ def test_children_become_calls_with_hints(containers: Containers) -> None:
                 'done; echo ok > /tmp/done; exec sleep 1000')
     wait_for(lambda: ctl_status()["daemon"]["inside"]["containers"] and exists_in(cid, "/tmp/go"),
              timeout=120, what="the daemon to follow the agent")
-    with open(f"/proc/{init_pid(cid)}/root/tmp/go", "w") as f:
-        f.write("go\n")
+    release(cid, "/tmp/go")
     # Docker passes --annotation into the bundle; execgate's record keeps it.
     assert inspect(cid)["HostConfig"]["Annotations"]["execgate.agent"] == "inside"
     with open(os.path.join(STATE_DIR, "containers", cid + ".json")) as f:
@@ -245,8 +250,7 @@ def test_commands_are_followed_in_the_kernel_and_nothing_outlives_the_daemon(
                       timeout=60, what="the daemon to follow the agent")
     assert status["source"] == "bpf", status
     assert attached_probes() == 1
-    with open(f"/proc/{init_pid(cid)}/root/tmp/start", "w") as f:
-        f.write("go\n")
+    release(cid, "/tmp/start")
     wait_for(lambda: read_in(cid, "/tmp/short"), timeout=120, what="50 short commands")
     time.sleep(2)
     after = ctl_status()["daemon"]["inside"]
@@ -265,8 +269,7 @@ def test_commands_are_followed_in_the_kernel_and_nothing_outlives_the_daemon(
     wait_for(lambda: ctl_status()["daemon"]["inside"]["source"] == "bpf", timeout=60,
              what="the restarted daemon's probe")
     assert attached_probes() == 1
-    with open(f"/proc/{init_pid(cid)}/root/tmp/go", "w") as f:
-        f.write("go\n")
+    release(cid, "/tmp/go")
     assert wait_for(lambda: read_in(cid, "/tmp/rc"), timeout=120, what="the call").strip() == "3"
     entry = wait_for(lambda: [e for e in inside_entries(cid) if e["argv"][:1] == ["sh"]],
                      timeout=60, what="the call's journal line")[0]
@@ -441,8 +444,7 @@ def test_a_program_that_grew_is_placed_at_its_exec_next_time(containers: Contain
         wait_for(lambda: exists_in(cid, "/tmp/go"), timeout=120, what="the first memhog")
         wait_for(lambda: "memhog" in ctl_status()["daemon"]["inside"]["learned"], timeout=60,
                  what="memhog to be learned")
-        with open(f"/proc/{init_pid(cid)}/root/tmp/go", "w") as f:
-            f.write("go\n")
+        release(cid, "/tmp/go")
         wait_for(lambda: read_in(cid, "/tmp/done"), timeout=120, what="the second memhog")
         runs = wait_for(lambda: len(r := [e for e in inside_entries(cid)
                                           if e["argv"][:1] == ["memhog"]]) == 2 and r,
