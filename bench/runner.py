@@ -53,6 +53,10 @@ class RunSettings:
 
     sample_s: float = 0.15  # memory sampling period
     exec_timeout_s: float = 900.0  # a docker exec that hangs longer fails its attempt
+    # A docker run that takes longer fails its attempt. A hang guard, not a policy: under TCG
+    # with 16 sandboxes a start took 400-490 s (a sandbox admission wait included), and at 300 s
+    # the bench's own timeout, not the scheme, lost 5 attempts.
+    run_timeout_s: float = 900.0
     admission_wait_s: float | None = None  # daemon's max_admission_wait_s (None: as configured)
     scale_daemon: bool = True  # scale the daemon's byte tunables with --mem-scale
     retry_limit: int = RETRY_LIMIT
@@ -135,7 +139,8 @@ class Replayer:
         p = self.host.docker(
             "run", "-d", "--runtime", self.scheme.runtime, "--cgroup-parent", self.host.slice,
             "--label", f"{LABEL}={self.scheme.name}", "--shm-size", str(max(self.budget, 64 * MiB)),
-            self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio), timeout=300)
+            self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio),
+            timeout=self.settings.run_timeout_s)
         cid = p.stdout.strip()
         if cid:
             with self.cond:

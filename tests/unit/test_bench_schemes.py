@@ -307,10 +307,12 @@ class FakeHost:
         self.calls = 0
         self.used = 0
         self.n = 0
+        self.run_timeouts: list[float] = []
 
     def docker(self, *args: str, timeout: float = 0) -> subprocess.CompletedProcess[str]:
         with self.lock:
             if args[0] == "run":
+                self.run_timeouts.append(timeout)
                 self.n += 1
                 cid = f"c{self.n}"
                 base = 0
@@ -360,11 +362,12 @@ class FakeHost:
         pass
 
 
-def _replay(scheme: S.Scheme, tasks: list[Task], budget: int) -> dict[str, Any]:
+def _replay(scheme: S.Scheme, tasks: list[Task], budget: int,
+            host: FakeHost | None = None) -> dict[str, Any]:
     from bench.host import Log
     from bench.runner import Replayer, RunSettings
 
-    host = FakeHost(budget)
+    host = host or FakeHost(budget)
     rep = Replayer(host, scheme, tasks, [0.0] * len(tasks), budget,  # type: ignore[arg-type]
                    RunSettings(sample_s=0.01), Log(None, quiet=True))
     out = rep.run()
@@ -391,6 +394,16 @@ def test_runner_retries_oom_killed_tasks_and_accounts_for_every_attempt() -> Non
     assert all(a["reason"] == "oom" for a in out["attempts"] if not a["ok"])
     assert out["samples"]["rows"] and out["calls"]
     assert m["latency_arrival_p50_s"] >= m["latency_p50_s"] - 1e-6
+
+
+def test_a_slow_sandbox_start_is_not_cut_short_by_the_bench() -> None:
+    """Under TCG with 16 sandboxes a `docker run` took 400-490 s (a sandbox-admission wait
+    included); the bench's own 300 s timeout failed those attempts, not the scheme."""
+    from bench.runner import RunSettings
+
+    host = FakeHost(100 * MiB)
+    _replay(S.EAGER, _burst()[:1], 100 * MiB, host)
+    assert host.run_timeouts == [RunSettings().run_timeout_s] and host.run_timeouts[0] >= 600
 
 
 def test_runner_gates_serialise_tasks_and_avoid_kills() -> None:
