@@ -17,7 +17,8 @@ from . import model as model_cmd
 
 
 def _source(source: str | None) -> str:
-    return {"bpf": "in the kernel", "connector": "through the proc connector"}.get(
+    return {"bpf": "in the kernel", "connector": "through the proc connector",
+            "loading": "by nothing yet: the kernel probe is loading"}.get(
         source or "", "by nothing: see the daemon's log")
 
 

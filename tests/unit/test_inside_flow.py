@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -69,6 +70,7 @@ class FakeProbe:
         self.agents: dict[int, tuple[int, bool]] = {}
         self.adopted: list[int] = []
         self.eager: set[str] = set()
+        self.closed = False
         FakeProbe.instances.append(self)
 
     def fileno(self) -> int:
@@ -99,8 +101,17 @@ class FakeProbe:
         return {"short": 7}
 
     def close(self) -> None:
+        self.closed = True
         os.close(self.r)
         os.close(self.w)
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    """Runs the loop until cond() (the probe loads on a worker thread)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
@@ -340,6 +351,7 @@ def test_the_kernel_probe_reports_calls_and_their_ends(tmp_path: Path,
     async def scenario() -> dict[str, Any]:
         agents.start()
         try:
+            await _until(lambda: agents.probe is not None)
             probe = FakeProbe.instances[-1]
             box = agents.boxes["box"]
             assert probe.agents == {os.getpid(): (box.number, False)}
@@ -391,7 +403,7 @@ def test_without_the_probe_auto_falls_back_to_the_connector(
     async def scenario() -> None:
         agents.start()
         try:
-            assert agents.snapshot()["source"] == "connector"
+            await _until(lambda: agents.snapshot()["source"] == "connector")
             assert agents.conn is FakeConnector.instances[-1]
         finally:
             agents.stop()
@@ -418,3 +430,79 @@ def test_shells_and_small_calls_are_never_learned(tmp_path: Path,
     assert agents.learned == set()
     agents._learn(call("memhog"), big)
     assert agents.learned == {"memhog"}
+
+
+def test_the_probe_loads_off_the_loop_and_places_what_started_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the probe took 12-17 s under TCG, on the daemon's loop: every sandbox's admission
+    waited for it. Now the loop runs on while it loads, status says so, and a command the agent
+    started meanwhile is placed (late) once the probe is attached."""
+    from execgate.daemon.inside import sources
+
+    agents, _cg, moves = _setup(tmp_path, monkeypatch, source="bpf")
+    gate = threading.Event()
+
+    def slow_load(obj: str, slice_ns: int) -> FakeProbe:
+        assert gate.wait(10)
+        return FakeProbe(slice_ns)
+
+    monkeypatch.setattr(probe_mod, "load", slow_load)
+    monkeypatch.setattr(sources, "PROBE_LINGER_S", 0.3)
+
+    async def scenario() -> None:
+        agents.start()
+        child = None
+        try:
+            ticks = 0
+            for _ in range(10):  # the loop is not blocked by the load
+                await asyncio.sleep(0.01)
+                ticks += 1
+            assert ticks == 10 and agents.probe is None
+            snap = agents.snapshot()
+            assert snap["source"] == "loading" and not snap["listening"]
+            child = subprocess.Popen(["sleep", "5"])
+            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\x005\x00":
+                await asyncio.sleep(0.001)
+            gate.set()
+            await _until(lambda: agents.probe is not None)
+            probe = FakeProbe.instances[-1]
+            assert [p for p, _ in moves] == [child.pid] and probe.adopted == [child.pid]
+            assert agents.snapshot()["source"] == "bpf"
+            # The last opted-in container leaves: the probe lingers, then goes.
+            (tmp_path / "state" / "containers" / "box.json").unlink()
+            await _until(lambda: agents.boxes == {})
+            assert agents.probe is probe and not probe.closed
+            await _until(lambda: probe.closed, timeout=3)
+            assert agents.probe is None
+        finally:
+            if child is not None:
+                child.kill()
+                child.wait()
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_stopping_daemon_closes_a_probe_still_loading(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, _moves = _setup(tmp_path, monkeypatch, source="bpf")
+    gate = threading.Event()
+
+    def slow_load(obj: str, slice_ns: int) -> FakeProbe:
+        assert gate.wait(10)
+        return FakeProbe(slice_ns)
+
+    monkeypatch.setattr(probe_mod, "load", slow_load)
+
+    async def scenario() -> None:
+        agents.start()
+        await asyncio.sleep(0.05)
+        agents.stop()  # no linger when the daemon stops
+        assert agents.snapshot()["source"] is None
+        n = len(FakeProbe.instances)
+        gate.set()
+        await _until(lambda: len(FakeProbe.instances) > n)
+        await _until(lambda: FakeProbe.instances[-1].closed)
+        assert agents.probe is None
+
+    asyncio.run(scenario())

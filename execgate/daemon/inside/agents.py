@@ -56,7 +56,7 @@ class InsideAgents(Discovery, EventSources, Placement, CallAdmission, Ending,
                 self._thaw(c)
             if c.wait is not None:
                 c.wait.cancel()
-        self._listen(False)
+        self._listen(False, linger=False)
         if self.inotify is not None and self.loop is not None:
             self.loop.remove_reader(self.inotify.fd)
             self.inotify.close()
@@ -70,7 +70,8 @@ class InsideAgents(Discovery, EventSources, Placement, CallAdmission, Ending,
             with contextlib.suppress(OSError):
                 stats["kernel"] = self.probe.stats()  # the probe's own counters
                 stats["short"] += stats["kernel"]["short"]
-        source = "bpf" if self.probe is not None else "connector" if self.conn else None
-        return {"containers": len(self.boxes), "listening": source is not None,
+        source = "bpf" if self.probe is not None else "connector" if self.conn else \
+            "loading" if self._loading is not None else None
+        return {"containers": len(self.boxes), "listening": source in ("bpf", "connector"),
                 "source": source, "calls": len(self.calls), "learned": sorted(self.learned),
                 **stats}

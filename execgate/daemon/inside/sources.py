@@ -5,6 +5,7 @@ to be placed at their exec.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -24,18 +25,31 @@ NEVER_LEARNED = INIT_WRAPPERS | {"sh", "bash", "dash", "ash", "zsh", "ksh", "fis
                                  "env", "timeout", "nice", "nohup", "xargs", "time", "sudo",
                                  "su", "setsid", "stdbuf", "script", "flock", "chroot", "strace"}
 MAX_LEARNED = 256
+PROBE_LINGER_S = 300.0
+
+
+def _load_probe(slice_ns: int) -> tuple[probe_mod.InsideProbe, str, float]:
+    """Build (cached) and load the probe: on a worker thread, never the daemon's loop."""
+    t0 = time.monotonic()
+    obj = probe_mod.build()
+    return probe_mod.load(obj, slice_ns=slice_ns), str(obj), time.monotonic() - t0
 
 
 class EventSources(AgentsState):
     """Listening (probe or connector), the events read, and learning."""
 
-    def _listen(self, on: bool) -> None:
-        """Listen to process events only while some container has opted in."""
+    def _listen(self, on: bool, *, linger: bool = True) -> None:
+        """Listen to process events only while some container has opted in. The probe stays
+        attached PROBE_LINGER_S after the last one left (unless the daemon stops: linger False):
+        loading it takes seconds, and containers come and go."""
         assert self.loop is not None
-        if on and self.conn is None and self.probe is None:
+        if on:
+            self._quiet_since = None
+            if self.conn is not None or self.probe is not None or self._loading is not None:
+                return
             if time.monotonic() < self._retry_listen_at:
                 return
-            if self._open_probe():
+            if self._start_probe():
                 return
             try:
                 conn = proc_events.ProcConnector(self.conf.rcvbuf_bytes)
@@ -49,22 +63,32 @@ class EventSources(AgentsState):
             self.loop.add_reader(conn.fileno(), self._readable)
             log.info("inside agents: listening to process events (kernel filter: %s)",
                      conn.filtered)
-        elif not on and self.probe is not None:
-            self.loop.remove_reader(self.probe.fileno())
-            with contextlib.suppress(OSError):
-                self._probe_short += self.probe.stats()["short"]
-            self.probe.close()
-            self.probe = None
-            log.info("inside agents: no opted-in container; probe detached")
-        elif not on and self.conn is not None:
+        elif self.probe is not None or self._loading is not None:
+            now = time.monotonic()
+            if linger:
+                if self._quiet_since is None:
+                    self._quiet_since = now
+                if now - self._quiet_since < PROBE_LINGER_S:
+                    return
+            self._loading = None  # a load still running is closed when it ends (_probe_ready)
+            if self.probe is not None:
+                self.loop.remove_reader(self.probe.fileno())
+                with contextlib.suppress(OSError):
+                    self._probe_short += self.probe.stats()["short"]
+                self.probe.close()
+                self.probe = None
+                log.info("inside agents: no opted-in container; probe detached")
+        elif self.conn is not None:
             self.loop.remove_reader(self.conn.fileno())
             self.conn.close()
             self.conn = None
             self.tracker.pending.clear()
             log.info("inside agents: no opted-in container; not listening")
 
-    def _open_probe(self) -> bool:
-        """Follow commands in the kernel (bpf/inside.bpf.c) where configured and possible."""
+    def _start_probe(self) -> bool:
+        """Follow commands in the kernel (bpf/inside.bpf.c) where configured and possible: the
+        probe is built and loaded on a worker thread (bpftool takes seconds, 10+ under TCG: the
+        daemon's loop, every sandbox's admission, must not wait for it). True: it is loading."""
         source = self.conf.source
         if source == "connector" or (source == "auto" and self._probe_off is not None):
             return False
@@ -72,31 +96,48 @@ class EventSources(AgentsState):
             self._probe_off = f"rule {self.conf.rule!r} is followed by the proc connector only"
             log.info("inside agents: %s", self._probe_off)
             return False
-        t0 = time.monotonic()
+        assert self.loop is not None
+        slice_ns = self._slice_ns
+        loading = self.loop.run_in_executor(None, _load_probe, slice_ns)
+        self._loading = loading
+        loading.add_done_callback(self._probe_ready)
+        return True
+
+    def _probe_ready(self, loading: asyncio.Future[tuple[probe_mod.InsideProbe, str, float]]
+                     ) -> None:
+        """The load ended: attach the probe, or fall back (auto) / retry later (bpf)."""
+        if loading is not self._loading:  # given up meanwhile: the daemon stopped
+            if not loading.cancelled() and loading.exception() is None:
+                loading.result()[0].close()
+            return
+        self._loading = None
         try:
-            obj = probe_mod.build()
-            self.probe = probe_mod.load(obj, slice_ns=self._slice_ns)
+            probe, obj, took = loading.result()
         except Exception as e:  # noqa: BLE001 - any failure: the connector will do
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             self._probe_off = first
-            if source == "bpf":
+            if self.conf.source == "bpf":
                 self._retry_listen_at = time.monotonic() + 30.0
                 log.error("inside agents: no BPF probe (%s); their tools run unmanaged "
                           "(retry in 30 s)", first)
-                return True
+                return
             log.info("inside agents: no BPF probe (%s); using the proc connector", first)
-            return False
+            self._listen(bool(self.boxes))
+            return
+        assert self.loop is not None
+        self.probe = probe
         for name in (*self.conf.place_at_exec, *self.learned):
             self._eager(name)
-        assert self.loop is not None
-        self.loop.add_reader(self.probe.fileno(), self._on_probe_events)
+        self.loop.add_reader(probe.fileno(), self._on_probe_events)
         for table, wrapper in ((self.tracker.agents, False), (self.tracker.wrappers, True)):
             for pid, cid in table.items():
                 if cid in self.boxes:
                     self._probe_agent(pid, self.boxes[cid], wrapper)
+        for box in self.boxes.values():  # what the agents started while it loaded: late
+            for agent in list(box.agents):
+                self._pend_children(box, agent)
         log.info("inside agents: following commands in the kernel (%s, slice %.1f ms; loaded "
-                 "in %.1f s)", obj, self._slice_ns / 1e6, time.monotonic() - t0)
-        return True
+                 "in %.1f s)", obj, self._slice_ns / 1e6, took)
 
     def _eager(self, name: str) -> None:
         if self.probe is None:

@@ -77,6 +77,9 @@ class AgentsState:
         self.probe: probe_mod.InsideProbe | None = None  # the kernel-side source (rule child)
         self._probe_off: str | None = None  # why the probe is not used (auto: once is enough)
         self._probe_short = 0  # short commands counted by probes closed since
+        # The probe loading on a worker thread: (probe, object file, seconds it took).
+        self._loading: asyncio.Future[tuple[probe_mod.InsideProbe, str, float]] | None = None
+        self._quiet_since: float | None = None  # when the last opted-in container left
         self._numbers: dict[int, str] = {}  # box number -> container id
         self.learned: set[str] = set()  # programs placed at exec because their calls grew
         self._next_number = 1
