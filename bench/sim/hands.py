@@ -145,6 +145,10 @@ class ExecgateHands:
         kw: dict[str, Any] = {"pressure": settings.pressure} if "pressure" in params else {}
         self.growth = GrowthController(settings.growth, clock, **kw)
         self.gate_on = settings.daemon.gate != "off"
+        # growth_gate._oom: a held call's tasks at this oom_score_adj, their own back on
+        # release (None: a policy revision from before it)
+        self.held_adj: int | None = getattr(settings.growth, "held_oom_score_adj", None)
+        self._own_adj: dict[str, int] = {}
         self.residency = settings.residency
         self.residency_period_s = residency_period_s
         # The daemon steps admission at once on every submit and release (engine._step);
@@ -311,6 +315,7 @@ class ExecgateHands:
         info = self.calls.pop(call_id, None)
         self.running.pop(call_id, None)
         self.cpu.pop(call_id, None)
+        self._own_adj.pop(call_id, None)
         rise = self.rise.pop(call_id, None)
         learns = self.idle_room is not None and hasattr(self.idle_room, "peak_times")
         if rise and call is not None and learns and time_to_peak is not None:
@@ -442,9 +447,13 @@ class ExecgateHands:
                 call = self.running[cid]
                 if call.held and allow:
                     call.held = False
+                    call.oom_score_adj = self._own_adj.pop(cid, call.oom_score_adj)
                 elif not allow and not call.held:
                     call.held = True
                     self.stats.held_calls.add(cid)
+                    if self.held_adj is not None and self.held_adj < call.oom_score_adj:
+                        self._own_adj[cid] = call.oom_score_adj
+                        call.oom_score_adj = self.held_adj
             if self.gate_on:
                 kw = {"swap_free": self.swap_free()} if _VICTIM_SWAP else {}
                 victim = self.growth.last_resort_victim(samples, available, **kw)

@@ -5,6 +5,7 @@ and residency is asked for those bytes (make_room). Seconds in all."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from bench.schemes import EXECGATE, bench_config
@@ -188,3 +189,23 @@ def test_swap_room_counts_as_available_until_the_domain_refaults() -> None:
         hands.tick(0.1)
     assert hands.credit == 0 and hands.reading.headroom == hands.physical.headroom
     assert hands.summary()["thrashing_s"] > 0
+
+
+def test_a_held_call_is_not_the_kernels_pick_over_a_running_one() -> None:
+    """growth_gate._oom: a held call's tasks at held_oom_score_adj (-500), their own back when
+    released. The VM case: a held 198 MiB call beside a running 40 MiB one in a 256 MiB domain;
+    at the running calls' 500 the kernel took the held one."""
+    hands, domain, clock = _hands(budget=256 * MiB)
+    held = _run_call(hands, domain, _box(domain, "A", 4, clock), "A/1", 198, clock)
+    running = _run_call(hands, domain, _box(domain, "B", 4, clock), "B/1", 40, clock)
+    held.oom_score_adj = running.oom_score_adj = 500
+    verdict = {"A/1": False, "B/1": True}
+    hands.growth.update = lambda *a, **k: SimpleNamespace(allow=dict(verdict))  # type: ignore
+    hands.growth.last_resort_victim = lambda *a, **k: None  # type: ignore[method-assign]
+    hands.tick(0.1)
+    assert held.held and held.oom_score_adj == -500 and running.oom_score_adj == 500
+    victim = domain._victim()
+    assert victim is not None and victim[2] == "B/1"
+    verdict["A/1"] = True
+    hands.tick(0.1)
+    assert not held.held and held.oom_score_adj == 500
