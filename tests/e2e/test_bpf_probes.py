@@ -157,7 +157,9 @@ def test_running_call_shows_page_faults(probes_on: dict[str, Any],
     cid = containers.run()
     seen: dict[str, dict[str, Any]] = {}
     burst: dict[str, float] = {}
-    ramp = ["memload", "--peak-mib", "96", "--duration", "4", "--shape", "ramp"]
+    # 12 s: one `execgatectl status` takes seconds under TCG beside a second VM, and a 4 s ramp
+    # was over before a poll saw its growth (burst_bps 0 in every sample, twice)
+    ramp = ["memload", "--peak-mib", "96", "--duration", "12", "--shape", "ramp"]
     with subprocess.Popen(["docker", "exec", cid, *ramp]) as proc:
         while proc.poll() is None:
             daemon = ctl_status()["daemon"]
