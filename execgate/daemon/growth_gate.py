@@ -35,6 +35,13 @@ from .cgfiles import KeptFiles
 log = logging.getLogger("execgated")
 RELOAD_AFTER_S = 30.0
 HEALTH_EVERY_S = 1.0
+# A call the sched_ext gate has parked this long is frozen instead (cgroup.freeze), and its
+# tasks go back to the fair class. A parked task stays runnable on its CPU's runqueue: the
+# kernel then never counts that CPU idle (idle_cpu() reads nr_running), so neither newly-idle
+# nor nohz balancing moves fair work there, and wakeups pass it by. In the VM two busy host
+# loops stacked on one CPU got half a CPU each for as long as a call was parked on the other.
+# The gate stops a call within a slice; the freezer keeps it stopped off every runqueue.
+PARK_S = 1.0
 
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")  # the probes count faults, the controller bytes
@@ -85,6 +92,8 @@ class Tracked:
     cgroup_id: int
     allowed: bool = True
     saved_oom: dict[int, int] | None = None  # pid -> oom_score_adj before the hold; None: not
+    parked_at: float | None = None  # when the sched_ext gate parked it (None: not parked)
+    frozen: bool = False  # held by cgroup.freeze after PARK_S parked (the gate allows it)
 
 
 class GrowthGate:
@@ -140,6 +149,7 @@ class GrowthGate:
         """Release everything on the way out: nothing may stay held by a daemon that is gone."""
         for t in self.tracked.values():
             self._oom(t, True)
+            self._thaw(t)
         if self.actuator is not None:
             try:
                 self.actuator.clear()
@@ -165,6 +175,7 @@ class GrowthGate:
             self.reason = f"cgroup.freeze (sched_ext ejected: {why}; retry in {RELOAD_AFTER_S:g} s)"
             self._fallback_at = now
             for t in self.tracked.values():
+                t.parked_at, t.frozen = None, False  # frozen or not, the fallback holds it now
                 if not t.allowed:
                     self.actuator.set(t.cgroup, False)
         elif self._retry_due(now):
@@ -181,6 +192,7 @@ class GrowthGate:
             for t in self.tracked.values():
                 if not t.allowed:  # by path: its tasks get SCHED_EXT
                     self.actuator.set(t.cgroup, False)
+                    t.parked_at = now
             log.info("growth gate: %s", reason)
 
     def _retry_due(self, now: float) -> bool:
@@ -251,6 +263,10 @@ class GrowthGate:
                     except Exception as e:  # noqa: BLE001 - a vanished cgroup, a full map
                         log.warning("gate %s %s: %s", "allow" if allow else "deny", cid, e)
                         continue
+                    if allow:
+                        self._thaw(t)
+                    elif self.actuator.kind == "sched_ext":
+                        t.parked_at = now
                     self._oom(t, allow)
                     c = decision.calls[cid]
                     log.info("gate %s %s (%s%s): %s, %s, g %s, d %.0f MiB, H %.0f MiB, "
@@ -260,6 +276,7 @@ class GrowthGate:
                              decision.headroom_bytes / MiB, c.held_s)
                 elif t is not None and not allow:
                     self._oom(t, False)  # still held: tasks forked or raised since
+            self._freeze_long_parks(now)
         if log.isEnabledFor(logging.DEBUG) and decision.calls:
             log.debug("gate step: %s", self._describe(decision, mem_available))
         for cid in decision.vanished:
@@ -267,6 +284,36 @@ class GrowthGate:
         victim = self.controller.last_resort_victim(samples, mem_available, swap_free)
         if victim is not None and victim.call_id not in self.killed:
             self._kill(victim)
+
+    def _freeze_long_parks(self, now: float) -> None:
+        """Calls parked PARK_S by the sched_ext gate go to cgroup.freeze (see PARK_S): frozen
+        first, then allowed by the gate, so a task runs only into the freezer (it freezes on its
+        way back to user mode, before any instruction of its own)."""
+        assert self.actuator is not None
+        for cid, t in self.tracked.items():
+            if t.allowed or t.frozen or t.parked_at is None or now - t.parked_at < PARK_S:
+                continue
+            try:
+                v2.write(t.cgroup, "cgroup.freeze", "1")
+                t.frozen = True
+                self.actuator.set(t.cgroup, True)
+            except Exception as e:  # noqa: BLE001 - a vanished cgroup; it stays parked
+                log.warning("gate freeze %s: %s", cid, e)
+                continue
+            log.info("gate %s: parked %.1f s, frozen instead (off the CPU's runqueue)", cid,
+                     now - t.parked_at)
+
+    def _thaw(self, t: Tracked) -> None:
+        t.parked_at = None
+        if not t.frozen:
+            return
+        t.frozen = False
+        try:
+            v2.write(t.cgroup, "cgroup.freeze", "0")
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("gate thaw %s: %s", t.cgroup, e)
 
     def _fault_bytes(self, call: Any) -> int | None:
         """What the call's page faults brought in, from the bcc probes' count (None without
@@ -333,6 +380,7 @@ class GrowthGate:
                 log.warning("gate allow %s: %s", cid, e)
                 continue
             t.allowed = True
+            self._thaw(t)
             self._oom(t, True)
             released += 1
             log.info("gate allow %s: its container is being stopped", cid)
@@ -343,6 +391,7 @@ class GrowthGate:
         if t is not None:
             self.files.forget(t.cgroup)
             self._oom(t, True)  # what outlived the call gets its own value back
+            self._thaw(t)
         if t is not None and not t.allowed and self.actuator is not None:
             try:
                 self.actuator.set(t.cgroup_id, True)  # drop the deny entry of a gone cgroup

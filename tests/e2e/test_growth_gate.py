@@ -83,6 +83,20 @@ def test_gate_paces_growth_where_eager_oom_kills(containers: Containers, gate: s
         assert any(expected) and told == expected, (told, entries, [p.stderr for p in gated])
 
 
+def _procs(cg: str) -> list[int]:
+    with contextlib.suppress(OSError), open(os.path.join(cg, "cgroup.procs")) as f:
+        return [int(x) for x in f.read().split()]
+    return []
+
+
+def _policy(pid: int) -> int | None:
+    """The scheduling policy of pid (7: SCHED_EXT), None once it is gone."""
+    try:
+        return os.sched_getscheduler(pid)
+    except OSError:
+        return None
+
+
 def _frozen(domain: str) -> list[str]:
     """Tool-call cgroups of the domain that are frozen right now."""
     found = []
@@ -116,6 +130,12 @@ def test_daemon_killed_mid_hold_releases_the_calls(containers: Containers, gate:
             wait_for(lambda: ctl_status()["daemon"]["growth"]["held"], timeout=120,
                      interval=0.05, what="a held call")
             assert _our_scheduler()
+            # Parked past PARK_S (1 s), a call is frozen instead and its tasks are fair again:
+            # a parked task would keep its CPU from taking the host's fair work.
+            [cg, *_] = wait_for(lambda: _frozen(domain), timeout=60, interval=0.1,
+                                what="a parked call frozen instead")
+            policies = {_policy(pid) for pid in _procs(cg)}
+            assert policies <= {0, None}, policies  # (the gate alone never freezes)
         systemctl("kill", "-s", "KILL", "execgated")
         t0 = time.monotonic()
         if gate == "freeze":

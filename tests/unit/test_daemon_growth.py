@@ -257,3 +257,89 @@ def test_sched_ext_is_retried_once_another_scheduler_unloads(tmp_path: Path) -> 
     _sysfs(tmp_path, "enabled", "execgate")
     assert not gg._other_scheduler(), "execgate's own scheduler is not another one"
     assert not GrowthGate(GrowthConfig(), "auto", clock)._retry_due(clock.t), "no fallback"
+
+
+class ParkingGate:
+    """The sched_ext gate as the daemon sees it: a deny set keyed by cgroup path."""
+
+    kind = "sched_ext"
+
+    def __init__(self) -> None:
+        self.denied: set[str] = set()
+        self.calls: list[tuple[str, bool]] = []
+
+    def set(self, cg: int | str, allow: bool) -> bool:
+        self.calls.append((str(cg), allow))
+        was = str(cg) in self.denied
+        if allow:
+            self.denied.discard(str(cg))
+        else:
+            self.denied.add(str(cg))
+        return was == allow
+
+    def clear(self) -> int:
+        n = len(self.denied)
+        self.denied.clear()
+        return n
+
+    def attached(self) -> bool:
+        return True
+
+    def exit_reason(self) -> str | None:
+        return None
+
+    def unload(self, timeout: float = 10.0) -> bool:
+        return True
+
+
+def test_a_call_parked_past_park_s_is_frozen_instead_and_thawed_on_release(
+        tmp_path: Path) -> None:
+    """A parked task keeps its CPU from taking fair work (the kernel never counts that CPU
+    idle): after PARK_S the call is frozen first, then allowed by the gate, so its tasks leave
+    every runqueue; it stays held, and release, stop and a vanished call all thaw it."""
+    from execgate.daemon.growth_gate import PARK_S
+
+    clock = Clock()
+    gg = GrowthGate(GrowthConfig(), "sched_ext", clock)
+    scx = ParkingGate()
+    gg.actuator = scx
+    a, b = _cg(tmp_path, "tool-a"), _cg(tmp_path, "tool-b")
+    calls = {n: Call(CallInfo(n, "s", ["x"]), str(d), clock.t) for n, d in
+             (("tool-a", a), ("tool-b", b))}
+
+    def step(i: int, pressure: Pressure, avail: int) -> None:
+        clock.t += 0.1
+        for n, d in (("tool-a", a), ("tool-b", b)):
+            calls[n].last_mem = i * 20 * MiB
+            (d / "cpu.stat").write_text(f"usage_usec {i * 50_000}\n")
+        gg.update(calls, pressure, avail)
+
+    i = 0
+    while not gg.snapshot()["held"]:
+        i += 1
+        step(i, Pressure.RED, 600 * MiB)
+        assert i < 20
+    [held] = gg.snapshot()["held"]
+    cg = tmp_path / held
+    parked_at = clock.t
+    assert scx.denied == {str(cg)} and (cg / "cgroup.freeze").read_text().strip() == "0"
+    while clock.t - parked_at < PARK_S - 0.05:
+        i += 1
+        step(i, Pressure.RED, 600 * MiB)
+        assert (cg / "cgroup.freeze").read_text().strip() == "0", "parked, not yet frozen"
+    for _ in range(2):
+        i += 1
+        step(i, Pressure.RED, 600 * MiB)
+    assert (cg / "cgroup.freeze").read_text().strip() == "1"
+    assert scx.denied == set() and scx.calls[-1] == (str(cg), True)  # frozen, then allowed
+    assert gg.snapshot()["held"] == [held]  # still held, by the freezer now
+    for _ in range(3):
+        i += 1
+        step(i, Pressure.GREEN, 8 << 30)
+    assert gg.snapshot()["held"] == [] and (cg / "cgroup.freeze").read_text().strip() == "0"
+    # held and frozen again, then the daemon stops: nothing stays frozen
+    gg.tracked[held].allowed = False
+    gg.tracked[held].frozen = True
+    (cg / "cgroup.freeze").write_text("1\n")
+    gg.stop()
+    assert (cg / "cgroup.freeze").read_text().strip() == "0"
