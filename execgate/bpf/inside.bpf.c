@@ -61,10 +61,20 @@ struct call {
 	u64 exec_ns;
 	u32 parent;
 	u32 box;
-	u32 reported;
+	u32 reported;		/* 0, REPORTED or EXITED: claimed atomically (timer vs exit) */
 	u32 pad;
 	char comm[16];		/* the program it exec'd, for a call gone before it is read */
 };
+
+/*
+ * call.reported. The slice's timer and the call's exit run on different CPUs: each claims
+ * the entry with one atomic operation, so a call whose EV_CALL is sent always gets its
+ * EV_EXIT (a plain read let an exit see 0 while the timer was sending EV_CALL: the daemon
+ * placed a call whose end it never heard of). The two events may then reach the ring in
+ * either order; the daemon keeps an early EV_EXIT for the EV_CALL behind it.
+ */
+#define REPORTED 1
+#define EXITED 2
 
 struct event {			/* bpf/inside_probe.py: EVENT = struct.Struct("=IIIIQi4x16s") */
 	u32 kind;
@@ -161,13 +171,14 @@ static __always_inline bool emit(u32 kind, u32 tgid, u32 parent, u32 box, u64 ns
 /* The first slice is over and the command still runs: tell the daemon. */
 static int slice_over(void *map, u32 *key, struct call *c)
 {
-	if (c->reported)
-		return 0;
+	if (__sync_val_compare_and_swap(&c->reported, 0, REPORTED) != 0)
+		return 0;	/* reported already, or it exited */
 	if (!emit(EV_CALL, *key, c->parent, c->box, c->exec_ns, 0, c->comm)) {
-		bpf_timer_start(&c->timer, slice_ns(), 0);	/* ring full: retry */
+		/* ring full: retry a slice later, unless it exited meanwhile */
+		if (__sync_val_compare_and_swap(&c->reported, REPORTED, 0) == REPORTED)
+			bpf_timer_start(&c->timer, slice_ns(), 0);
 		return 0;
 	}
-	c->reported = 1;
 	count(ST_REPORTED);
 	return 0;
 }
@@ -203,19 +214,21 @@ int BPF_PROG(inside_exec, struct task_struct *p, pid_t old_pid, struct linux_bin
 	eager = bpf_map_lookup_elem(&inside_eager, init.comm) != NULL;
 	c = bpf_map_lookup_elem(&inside_calls, &tgid);
 	if (c) {	/* a call exec'd again (sh -c 'pytest' execs pytest): same call */
-		if (eager && !c->reported) {	/* ... now running a program to place at once */
+		/* ... now running a program to place at once (its timer finds it reported) */
+		if (eager && __sync_val_compare_and_swap(&c->reported, 0, REPORTED) == 0) {
 			__builtin_memcpy(c->comm, init.comm, sizeof(c->comm));
 			if (emit(EV_CALL, tgid, parent, c->box, c->exec_ns, AT_EXEC, c->comm)) {
-				c->reported = 1;	/* (its timer finds it reported) */
 				count(ST_REPORTED);
 				count(ST_AT_EXEC);
+			} else {
+				__sync_val_compare_and_swap(&c->reported, REPORTED, 0);
 			}
 		}
 		return 0;
 	}
 	count(ST_EXECS);
 	if (eager)
-		init.reported = 1;
+		init.reported = REPORTED;
 	if (bpf_map_update_elem(&inside_calls, &tgid, &init, BPF_NOEXIST)) {
 		count(ST_FULL);	/* no room to wait out its slice: report it now */
 		emit(EV_CALL, tgid, parent, a->box, now, 0, init.comm);
@@ -237,7 +250,7 @@ int BPF_PROG(inside_exec, struct task_struct *p, pid_t old_pid, struct linux_bin
 	if (bpf_timer_init(&c->timer, &inside_calls, CLOCK_MONOTONIC) ||
 	    bpf_timer_set_callback(&c->timer, slice_over) ||
 	    bpf_timer_start(&c->timer, slice_ns(), 0)) {
-		c->reported = 1;	/* no timer: report it now */
+		c->reported = REPORTED;	/* no timer: report it now */
 		count(ST_FULL);
 		emit(EV_CALL, tgid, parent, a->box, now, 0, c->comm);
 	}
@@ -267,7 +280,7 @@ int BPF_PROG(inside_exit, struct task_struct *p)
 		return 0;	/* a thread, not the process */
 	c = bpf_map_lookup_elem(&inside_calls, &tgid);
 	if (c) {
-		if (c->reported) {
+		if (__sync_lock_test_and_set(&c->reported, EXITED) == REPORTED) {
 			char comm[16];	/* what it runs at the end (it may have exec'd again) */
 
 			bpf_get_current_comm(comm, sizeof(comm));

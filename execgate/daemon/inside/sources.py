@@ -26,6 +26,7 @@ NEVER_LEARNED = INIT_WRAPPERS | {"sh", "bash", "dash", "ash", "zsh", "ksh", "fis
                                  "su", "setsid", "stdbuf", "script", "flock", "chroot", "strace"}
 MAX_LEARNED = 256
 PROBE_LINGER_S = 300.0
+MAX_EARLY_EXITS = 1024
 
 
 def _load_probe(slice_ns: int) -> tuple[probe_mod.InsideProbe, str, float]:
@@ -248,7 +249,10 @@ class EventSources(AgentsState):
             cid = self._numbers.get(ev.box)
             box = self.boxes.get(cid) if cid is not None else None
             if ev.kind == probe_mod.EV_CALL:
-                if box is not None:
+                early = self._early_exits.pop(ev.tgid, None)
+                if early is not None and early >= ev.ns:
+                    self.stats["short"] += 1  # its end came first: gone, nothing to place
+                elif box is not None:
                     self._try_place(Match("call", ev.tgid, ev.parent, box.cid, ev.ns, ev.comm,
                                           bool(ev.status & probe_mod.AT_EXEC)), box)
             elif ev.kind == probe_mod.EV_EXIT:
@@ -257,6 +261,10 @@ class EventSources(AgentsState):
                     call.status = ev.status
                     call.last_comm = ev.comm
                     call.exited.set()
+                else:  # its EV_CALL may be behind it (inside.bpf.c: timer and exit race)
+                    self._early_exits[ev.tgid] = ev.ns
+                    if len(self._early_exits) > MAX_EARLY_EXITS:
+                        del self._early_exits[next(iter(self._early_exits))]
             elif ev.kind == probe_mod.EV_AGENT:  # a wrapper's child: the new agent
                 if box is not None:
                     self._set_agent(box, ev.tgid)

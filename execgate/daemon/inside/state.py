@@ -80,6 +80,7 @@ class AgentsState:
         # The probe loading on a worker thread: (probe, object file, seconds it took).
         self._loading: asyncio.Future[tuple[probe_mod.InsideProbe, str, float]] | None = None
         self._quiet_since: float | None = None  # when the last opted-in container left
+        self._early_exits: dict[int, int] = {}  # tgid -> ns of an EV_EXIT before its EV_CALL
         self._numbers: dict[int, str] = {}  # box number -> container id
         self.learned: set[str] = set()  # programs placed at exec because their calls grew
         self._next_number = 1
