@@ -337,7 +337,12 @@ def test_a_call_parked_past_park_s_is_frozen_instead_and_thawed_on_release(
         i += 1
         step(i, Pressure.GREEN, 8 << 30)
     assert gg.snapshot()["held"] == [] and (cg / "cgroup.freeze").read_text().strip() == "0"
-    # held and frozen again, then the daemon stops: nothing stays frozen
+    # held and frozen again, then its container is killed (spare): thawed to handle it
+    gg.tracked[held].allowed = False
+    gg.tracked[held].frozen = True
+    (cg / "cgroup.freeze").write_text("1\n")
+    assert gg.spare([held]) == 1 and (cg / "cgroup.freeze").read_text().strip() == "0"
+    # and again, then the daemon stops: nothing stays frozen
     gg.tracked[held].allowed = False
     gg.tracked[held].frozen = True
     (cg / "cgroup.freeze").write_text("1\n")
