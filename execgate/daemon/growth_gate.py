@@ -122,6 +122,7 @@ class GrowthGate:
         self.tool_oom_score_adj = tool_oom_score_adj
         self.proc = oom_score.PROC  # /proc (a temp dir in tests)
         self.spared: dict[str, float] = {}  # call id -> until when it is never held (spare())
+        self._freezer: Any = None  # a FreezeGate for calls parked past PARK_S (made when needed)
 
     # -- actuator lifecycle ----------------------------------------------------------------------
 
@@ -293,8 +294,13 @@ class GrowthGate:
         for cid, t in self.tracked.items():
             if t.allowed or t.frozen or t.parked_at is None or now - t.parked_at < PARK_S:
                 continue
+            if self._freezer is None:
+                from .actuator import FreezeGate
+
+                self._freezer = FreezeGate()
             try:
-                v2.write(t.cgroup, "cgroup.freeze", "1")
+                if not self._freezer.set(t.cgroup, False):
+                    continue  # gone with its call
                 t.frozen = True
                 self.actuator.set(t.cgroup, True)
             except Exception as e:  # noqa: BLE001 - a vanished cgroup; it stays parked
@@ -309,9 +315,7 @@ class GrowthGate:
             return
         t.frozen = False
         try:
-            v2.write(t.cgroup, "cgroup.freeze", "0")
-        except FileNotFoundError:
-            pass
+            self._freezer.set(t.cgroup, True)  # (a cgroup gone meanwhile: nothing to thaw)
         except OSError as e:
             log.warning("gate thaw %s: %s", t.cgroup, e)
 

@@ -432,6 +432,18 @@ def test_shells_and_small_calls_are_never_learned(tmp_path: Path,
     assert agents.learned == {"memhog"}
 
 
+def _slow_load(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The probe's load blocks (on its worker thread) until the event returned is set."""
+    gate = threading.Event()
+
+    def slow_load(obj: str, slice_ns: int) -> FakeProbe:
+        assert gate.wait(10)
+        return FakeProbe(slice_ns)
+
+    monkeypatch.setattr(probe_mod, "load", slow_load)
+    return gate
+
+
 def test_the_probe_loads_off_the_loop_and_places_what_started_meanwhile(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading the probe took 12-17 s under TCG, on the daemon's loop: every sandbox's admission
@@ -440,13 +452,7 @@ def test_the_probe_loads_off_the_loop_and_places_what_started_meanwhile(
     from execgate.daemon.inside import sources
 
     agents, _cg, moves = _setup(tmp_path, monkeypatch, source="bpf")
-    gate = threading.Event()
-
-    def slow_load(obj: str, slice_ns: int) -> FakeProbe:
-        assert gate.wait(10)
-        return FakeProbe(slice_ns)
-
-    monkeypatch.setattr(probe_mod, "load", slow_load)
+    gate = _slow_load(monkeypatch)
     monkeypatch.setattr(sources, "PROBE_LINGER_S", 0.3)
 
     async def scenario() -> None:
@@ -486,13 +492,7 @@ def test_the_probe_loads_off_the_loop_and_places_what_started_meanwhile(
 def test_a_stopping_daemon_closes_a_probe_still_loading(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agents, _cg, _moves = _setup(tmp_path, monkeypatch, source="bpf")
-    gate = threading.Event()
-
-    def slow_load(obj: str, slice_ns: int) -> FakeProbe:
-        assert gate.wait(10)
-        return FakeProbe(slice_ns)
-
-    monkeypatch.setattr(probe_mod, "load", slow_load)
+    gate = _slow_load(monkeypatch)
 
     async def scenario() -> None:
         agents.start()
