@@ -98,6 +98,13 @@ for path in files:
         passed += n - f - e - s
         failed += f + e
         skipped += s
+    # Why each test failed, last: CI keeps only the tail of this output, and pytest's summary
+    # drops the message of a node id wider than its 80 columns.
+    for case in root.iter("testcase"):
+        for bad in case.findall("failure") + case.findall("error"):
+            text = (bad.text or bad.get("message") or "").rstrip().splitlines()
+            print(f"[tests] why {case.get('classname')}::{case.get('name')} failed:")
+            print("\n".join("    " + line[:300] for line in text[-25:]))
 if int(vm_rc) and failed == 0:
     failed = 1  # the VM died or timed out before reporting: never green
 print(f"total: {passed} passed, {failed} failed, {skipped} skipped")

@@ -48,7 +48,13 @@ def test_exec_runs_in_its_own_tool_cgroup(containers: Containers) -> None:
         assert f.read().split("\0")[0] == "sleep"
 
 
-def test_fifty_concurrent_execs_each_get_a_cgroup_and_none_leak(containers: Containers) -> None:
+# Concurrent execs: enough to overlap in the runtime and the daemon, few enough for TCG. Fifty took
+# 250-620 s under TCG (docker spawned them over ~100 s; runc init costs each ~1-2 CPU s), and in
+# CI, two lanes on a slower host, one exec ran past its 600 s.
+N_EXECS = 24
+
+
+def test_concurrent_execs_each_get_a_cgroup_and_none_leak(containers: Containers) -> None:
     cid = containers.run()
     cg = container_cgroup(cid)
 
@@ -57,14 +63,15 @@ def test_fifty_concurrent_execs_each_get_a_cgroup_and_none_leak(containers: Cont
                    timeout=600)
         return p.returncode, p.stdout.decode(), p.stderr
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:
-        results = list(pool.map(one, range(50)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=N_EXECS) as pool:
+        results = list(pool.map(one, range(N_EXECS)))
     assert all(rc == 0 for rc, _, _ in results), [r for r in results if r[0] != 0][:3]
     paths = {out.splitlines()[0] for _, out, _ in results}
-    assert len(paths) == 50, "every exec must have a cgroup of its own"
+    assert len(paths) == N_EXECS, "every exec must have a cgroup of its own"
     assert all(out.splitlines()[1] == f"n={i}" for i, (_, out, _) in enumerate(results))
     wait_for(lambda: not tool_cgroups(cg), timeout=60, what="tool cgroups to be removed")
-    wait_for(lambda: len(journal_for(cid)) >= 50, timeout=60, what="50 journal entries")
+    wait_for(lambda: len(journal_for(cid)) >= N_EXECS, timeout=60,
+             what=f"{N_EXECS} journal entries")
     entries = journal_for(cid)
     assert all(e["exit_code"] == 0 and not e["oom_killed"] for e in entries), entries[:3]
 

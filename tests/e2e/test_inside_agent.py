@@ -398,7 +398,7 @@ def test_admission_across_sandboxes_prevents_oom(domain: Containers) -> None:
     cids = _burst(domain, "execgate")
     systemctl("restart", "execgated")
     wait_for(daemon_up, what="execgated")
-    time.sleep(1)  # the restarted daemon reads the records of the running agents
+    listening()  # the restarted daemon loads its probe again before it follows the agents
     _go(cids)
     gated = _results(cids, 600)
     assert gated == ["0"] * N_BOXES, gated
@@ -424,7 +424,7 @@ def test_held_calls_run_when_the_daemon_dies(domain: Containers) -> None:
     cids = _burst(domain, "execgate")
     systemctl("restart", "execgated")
     wait_for(daemon_up, what="execgated")
-    time.sleep(1)
+    listening()
     _go(cids)
 
     def frozen() -> bool:

@@ -78,7 +78,8 @@ class EventSources(AgentsState):
                     self._probe_short += self.probe.stats()["short"]
                 self.probe.close()
                 self.probe = None
-                log.info("inside agents: no opted-in container; probe detached")
+                log.info("inside agents: probe detached (%s)",
+                         "no opted-in container" if linger else "the daemon stops")
         elif self.conn is not None:
             self.loop.remove_reader(self.conn.fileno())
             self.conn.close()
