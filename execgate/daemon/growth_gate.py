@@ -35,13 +35,6 @@ from .cgfiles import KeptFiles
 log = logging.getLogger("execgated")
 RELOAD_AFTER_S = 30.0
 HEALTH_EVERY_S = 1.0
-# A call the sched_ext gate has parked this long is frozen instead (cgroup.freeze), and its
-# tasks go back to the fair class. A parked task stays runnable on its CPU's runqueue: the
-# kernel then never counts that CPU idle (idle_cpu() reads nr_running), so neither newly-idle
-# nor nohz balancing moves fair work there, and wakeups pass it by. In the VM two busy host
-# loops stacked on one CPU got half a CPU each for as long as a call was parked on the other.
-# The gate stops a call within a slice; the freezer keeps it stopped off every runqueue.
-PARK_S = 1.0
 
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")  # the probes count faults, the controller bytes
@@ -93,7 +86,7 @@ class Tracked:
     allowed: bool = True
     saved_oom: dict[int, int] | None = None  # pid -> oom_score_adj before the hold; None: not
     parked_at: float | None = None  # when the sched_ext gate parked it (None: not parked)
-    frozen: bool = False  # held by cgroup.freeze after PARK_S parked (the gate allows it)
+    frozen: bool = False  # held by cgroup.freeze after max_park_s parked (the gate allows it)
 
 
 class GrowthGate:
@@ -122,7 +115,7 @@ class GrowthGate:
         self.tool_oom_score_adj = tool_oom_score_adj
         self.proc = oom_score.PROC  # /proc (a temp dir in tests)
         self.spared: dict[str, float] = {}  # call id -> until when it is never held (spare())
-        self._freezer: Any = None  # a FreezeGate for calls parked past PARK_S (made when needed)
+        self._freezer: Any = None  # a FreezeGate for calls parked past max_park_s (made on demand)
 
     # -- actuator lifecycle ----------------------------------------------------------------------
 
@@ -287,12 +280,13 @@ class GrowthGate:
             self._kill(victim)
 
     def _freeze_long_parks(self, now: float) -> None:
-        """Calls parked PARK_S by the sched_ext gate go to cgroup.freeze (see PARK_S): frozen
-        first, then allowed by the gate, so a task runs only into the freezer (it freezes on its
-        way back to user mode, before any instruction of its own)."""
+        """Calls parked max_park_s by the sched_ext gate go to cgroup.freeze (GrowthConfig says
+        why): frozen first, then allowed by the gate, so a task runs only into the freezer (it
+        freezes on its way back to user mode, before any instruction of its own)."""
         assert self.actuator is not None
         for cid, t in self.tracked.items():
-            if t.allowed or t.frozen or t.parked_at is None or now - t.parked_at < PARK_S:
+            if t.allowed or t.frozen or t.parked_at is None \
+                    or now - t.parked_at < self.config.max_park_s:
                 continue
             if self._freezer is None:
                 from .actuator import FreezeGate

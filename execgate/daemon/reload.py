@@ -42,7 +42,7 @@ LIVE: dict[str, frozenset[str] | None] = {
                          "boot_demand_bytes", "slots_max", "slots_increase_after_s",
                          "min_deny_s", "overdue_after_s", "catchup_s", "last_resort_after_s",
                          "critical_headroom_bytes", "min_run_time_s", "finished_buffer",
-                         "held_oom_score_adj"}),
+                         "held_oom_score_adj", "max_park_s"}),
     "inside": frozenset(),  # the agents' sources and rules are set up at start
     "residency": ALL,
     # history_window sizes each image's window, max_images the model

@@ -116,6 +116,14 @@ class GrowthConfig:
     # held call of 198 MiB was killed beside a running 40 MiB one in a 256 MiB domain (VM).
     # A held call is stopped: it only ever shares an OOM with something that runs.
     held_oom_score_adj: int = -500
+    # A call the sched_ext gate has parked this long is frozen instead (cgroup.freeze), and its
+    # tasks go back to the fair class. A parked task stays runnable on its CPU's runqueue: the
+    # kernel then never counts that CPU idle (idle_cpu() reads nr_running), so neither
+    # newly-idle nor nohz balancing moves fair work there, and wakeups pass it by. In the VM
+    # two busy host loops stacked on one CPU got half a CPU each for as long as a call was
+    # parked on the other. The gate stops a call within a slice; the freezer keeps it stopped
+    # off every runqueue. Shorter: held calls cost their CPU less; longer: fewer freezes.
+    max_park_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.ewma_alpha <= 1.0:
@@ -142,6 +150,8 @@ class GrowthConfig:
             raise ValueError("finished_buffer must be >= 0")
         if not -1000 <= self.held_oom_score_adj <= 1000:
             raise ValueError("held_oom_score_adj must be in [-1000, 1000]")
+        if not 0 < self.max_park_s <= self.max_hold_s:
+            raise ValueError("need 0 < max_park_s <= max_hold_s")
 
 
 class CallState(enum.StrEnum):

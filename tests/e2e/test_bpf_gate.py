@@ -563,7 +563,7 @@ def test_partial_switch_leaves_the_host_on_fair(obj: Path, cgroups, busy) -> Non
     container stay on the fair class and get the CPU they got without the gate. Each loop has
     a CPU of its own: a parked task keeps the CPU whose runqueue holds it from pulling fair
     work (test_a_parked_task_keeps_its_cpu_from_pulling_fair_work), which the daemon bounds
-    by freezing what stays parked (growth_gate.PARK_S); this test is about the class."""
+    by freezing what stays parked ([growth] max_park_s); this test is about the class."""
     if not shutil.which("docker"):
         pytest.skip("no docker")
     if len(os.sched_getaffinity(0)) < 2:
@@ -612,7 +612,7 @@ def test_partial_switch_leaves_the_host_on_fair(obj: Path, cgroups, busy) -> Non
 
 @needs_scx
 def test_a_parked_task_keeps_its_cpu_from_pulling_fair_work(obj: Path, cgroups, busy) -> None:
-    """Why the daemon parks a call for at most growth_gate.PARK_S and then freezes it: a task
+    """Why the daemon parks a call for at most [growth] max_park_s and then freezes it: a task
     parked on CPU 0's runqueue keeps CPU 0 from ever looking idle (idle_cpu() reads nr_running),
     so two fair loops stacked on CPU 1 stay stacked while CPU 0 idles; once the parked task is
     gone, CPU 0 pulls one of them."""

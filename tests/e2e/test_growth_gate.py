@@ -130,7 +130,7 @@ def test_daemon_killed_mid_hold_releases_the_calls(containers: Containers, gate:
             wait_for(lambda: ctl_status()["daemon"]["growth"]["held"], timeout=120,
                      interval=0.05, what="a held call")
             assert _our_scheduler()
-            # Parked past PARK_S (1 s), a call is frozen instead and its tasks are fair again:
+            # Parked past max_park_s (1 s), a call is frozen instead and its tasks are fair again:
             # a parked task would keep its CPU from taking the host's fair work. (A frozen call
             # stays frozen until the gate allows it, 2 s or more later: polled at 0.1 s.)
             seen: list[set[int | None]] = []

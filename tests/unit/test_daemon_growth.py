@@ -292,15 +292,14 @@ class ParkingGate:
         return True
 
 
-def test_a_call_parked_past_park_s_is_frozen_instead_and_thawed_on_release(
+def test_a_call_parked_past_max_park_s_is_frozen_instead_and_thawed_on_release(
         tmp_path: Path) -> None:
     """A parked task keeps its CPU from taking fair work (the kernel never counts that CPU
-    idle): after PARK_S the call is frozen first, then allowed by the gate, so its tasks leave
+    idle): after max_park_s the call is frozen first, then allowed by the gate, so its tasks leave
     every runqueue; it stays held, and release, stop and a vanished call all thaw it."""
-    from execgate.daemon.growth_gate import PARK_S
-
     clock = Clock()
-    gg = GrowthGate(GrowthConfig(), "sched_ext", clock)
+    park_s = 0.5
+    gg = GrowthGate(GrowthConfig(max_park_s=park_s), "sched_ext", clock)
     scx = ParkingGate()
     gg.actuator = scx
     a, b = _cg(tmp_path, "tool-a"), _cg(tmp_path, "tool-b")
@@ -323,7 +322,7 @@ def test_a_call_parked_past_park_s_is_frozen_instead_and_thawed_on_release(
     cg = tmp_path / held
     parked_at = clock.t
     assert scx.denied == {str(cg)} and (cg / "cgroup.freeze").read_text().strip() == "0"
-    while clock.t - parked_at < PARK_S - 0.05:
+    while clock.t - parked_at < park_s - 0.05:
         i += 1
         step(i, Pressure.RED, 600 * MiB)
         assert (cg / "cgroup.freeze").read_text().strip() == "0", "parked, not yet frozen"

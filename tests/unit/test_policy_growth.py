@@ -721,6 +721,13 @@ def test_held_oom_score_adj_is_validated() -> None:
         GrowthConfig(held_oom_score_adj=1001)
 
 
+def test_max_park_s_is_validated() -> None:
+    assert GrowthConfig().max_park_s == 1.0
+    for bad in (0.0, -1.0, 21.0):  # above max_hold_s (20): it would never freeze before the cap
+        with pytest.raises(ValueError):
+            GrowthConfig(max_park_s=bad)
+
+
 # -- last resort -----------------------------------------------------------------------------
 
 
