@@ -35,6 +35,14 @@ sim() {
     # shellcheck disable=SC2086  # the option strings above are word lists
     {
         "$python" -m bench.sim validate docs/replay/sweep/results.json.gz --policy-rev fff81fa --out "$s"
+        # Every fleet boot in its own fit and at its own policy (the directory's revision), with
+        # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
+        for f in docs/replay/fleet/*-*/repeat-*.json.gz; do
+            d=$(basename "$(dirname "$f")")
+            git cat-file -e "${d##*-}^{commit}" 2>/dev/null || continue
+            "$python" -m bench.sim validate "$f" --policy-rev "${d##*-}" \
+                --out "$s/validate-fleet/$d-$(basename "$f" .json.gz)"
+        done
         "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
             --name fleet-poisson --against "$poisson" \
             -- $w --swap on $p --schemes eager+swap,execgate

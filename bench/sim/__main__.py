@@ -33,7 +33,15 @@ from bench.sim import schemes as sim_schemes
 from bench.sim.cost import CostModel, fit_pooled, fit_results, fixed, load_results
 from bench.sim.memory import MemoryConfig
 from bench.sim.run import SimSettings, simulate
-from bench.sim.validate import cost_lines, summary, table, tasks_of, validate
+from bench.sim.validate import (
+    VM_SWAP_IN_BPS,
+    VM_SWAP_OUT_BPS,
+    cost_lines,
+    summary,
+    table,
+    tasks_of,
+    validate,
+)
 from bench.workload import arrival_schedule, oversubscription
 from execgate.common.hints import parse_size
 from execgate.common.units import MiB
@@ -53,7 +61,9 @@ def _policy_line() -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     extra = [x for x in (args.extra or "").split(",") if x.strip()]
-    res = validate(args.results, tick_s=args.tick, extra=extra, per_part=args.per_part)
+    res = validate(args.results, tick_s=args.tick, extra=extra, per_part=args.per_part,
+                   swap_out_bps=args.swap_bandwidth_mib * MiB,
+                   swap_in_bps=args.swap_in_bandwidth_mib * MiB)
     lines = [_policy_line(), "", *table(res["rows"]), "", *summary(res["rows"])]
     lines += ["", f"simulated {len(res['rows'])} runs in {res['wall_s']:.1f} s wall", "",
               "cost model (n = live sandboxes, averaged over the operation):"]
@@ -273,6 +283,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(e.g. execgate-sandboxadmit)")
     v.add_argument("--per-part", action="store_true",
                    help="one cost model per VM boot (`part` of a merged results file)")
+    v.add_argument("--swap-bandwidth-mib", type=float, default=VM_SWAP_OUT_BPS / MiB,
+                   help="swap-out speed where the VM had swap (default: the VM's zram, TCG)")
+    v.add_argument("--swap-in-bandwidth-mib", type=float, default=VM_SWAP_IN_BPS / MiB)
     v.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "
                    "(the one the VM ran: fff81fa for docs/replay/sweep)")
     v.set_defaults(func=cmd_validate)

@@ -65,14 +65,32 @@ def rerun(rev: str, argv: Sequence[str]) -> int:
     temporary directory (the working tree's bench/ linked in): `-m` puts the current directory
     first on sys.path, ahead of PYTHONPATH, so from the repository root the working tree's
     execgate would win. Relative paths in argv are made absolute first."""
-    cwd = os.getcwd()
-    args = [str(Path(cwd, a)) if _is_path(cwd, a) else a for a in argv]
+    args = absolute(os.getcwd(), argv)
     with tempfile.TemporaryDirectory(prefix="egsim-") as tmp:
         extract(rev, Path(tmp))
         (Path(tmp) / "bench").symlink_to(REPO / "bench")
         env = dict(os.environ, PYTHONPATH=tmp, **{ENV: rev})
         return subprocess.run([sys.executable, "-m", "bench.sim", *args], env=env, cwd=tmp,
                               check=False).returncode
+
+
+# Options whose value is a path that need not exist yet (an output directory).
+OUT_OPTIONS = ("--out",)
+
+
+def absolute(cwd: str, argv: Sequence[str]) -> list[str]:
+    """argv with its paths made absolute: existing ones, and the values of OUT_OPTIONS (a new
+    --out directory, relative, was written into the temporary directory and lost)."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        opt, eq, value = a.partition("=")
+        if eq and opt in OUT_OPTIONS:
+            out.append(f"{opt}={Path(cwd, value)}")
+        elif (i and argv[i - 1] in OUT_OPTIONS) or _is_path(cwd, a):
+            out.append(str(Path(cwd, a)))
+        else:
+            out.append(a)
+    return out
 
 
 def _is_path(cwd: str, arg: str) -> bool:

@@ -21,9 +21,11 @@ from bench.generate import generate
 from bench.schemes import bench_config
 from bench.sim import schemes as sim_schemes
 from bench.sim.cost import CostModel, fit_results, load_results, residual_table
+from bench.sim.memory import MemoryConfig
 from bench.sim.run import SimSettings, simulate
 from bench.trace import Task, load_tasks
 from bench.workload import Workload, prepare
+from execgate.common.units import MiB
 
 METRICS = (("tasks_completed", "done"), ("oom_kills", "OOM"), ("makespan_s", "makespan"),
            ("latency_arrival_p50_s", "P50"))
@@ -51,6 +53,33 @@ def scheme_config(run: Mapping[str, Any], w: Mapping[str, Any],
                         scale_daemon=bool(settings.get("scale_daemon", True)))
 
 
+# The VM's zram under single-threaded TCG (README, "Where real tests run"): compression is
+# emulated, ~5 MB/s out and ~27 MB/s back in.
+VM_SWAP_OUT_BPS = 5 * MiB
+VM_SWAP_IN_BPS = 27 * MiB
+
+
+def memory_of(results: Mapping[str, Any], run: Mapping[str, Any], point: Mapping[str, Any],
+              swap_out_bps: float = VM_SWAP_OUT_BPS,
+              swap_in_bps: float = VM_SWAP_IN_BPS) -> MemoryConfig:
+    """The memory model of the host a run had: its swap as the bench set it up (a zram device
+    of the recorded size, where the point had swap and the scheme uses it), at the ratio the
+    run's zram measured (else the workload's fill ratio). Without it the simulator OOM-killed
+    96 attempts of a burst point where the VM, swapping, had 2."""
+    params = results["params"]
+    point_swap = point.get("swap") in ("on", True)
+    scheme = sim_schemes.parse(run["scheme"])[0]
+    if not (point_swap and scheme.swap_at(point_swap)):
+        return MemoryConfig()
+    peak = (run.get("swap") or {}).get("zram_peak") or {}
+    ratio = float(params.get("workload", {}).get("fill_ratio") or 3.0)
+    if peak.get("compr_bytes") and peak.get("orig_bytes", 0) > 16 * MiB:
+        ratio = peak["orig_bytes"] / peak["compr_bytes"]
+    return MemoryConfig(swap=True, swap_ratio=max(ratio, 1.0), swap_bandwidth_bps=swap_out_bps,
+                        swap_in_bandwidth_bps=swap_in_bps,
+                        swap_max_bytes=params.get("zram_size_bytes"), zram=True)
+
+
 def _err(vm: float, sim: float) -> str:
     if not (isinstance(vm, int | float) and isinstance(sim, int | float)) or math.isnan(vm) \
             or math.isnan(sim):
@@ -61,7 +90,8 @@ def _err(vm: float, sim: float) -> str:
 
 
 def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
-             per_part: bool = False) -> dict[str, Any]:
+             per_part: bool = False, swap_out_bps: float = VM_SWAP_OUT_BPS,
+             swap_in_bps: float = VM_SWAP_IN_BPS) -> dict[str, Any]:
     """Rerun every (point, scheme) of the results in the simulator; rows of VM vs sim. `extra`:
     schemes the VM did not run, simulated on every point too (rows without a VM side), with
     the config of the point's execgate run. `per_part`: one cost model per VM boot of a merged
@@ -85,9 +115,11 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
         scheme = sim_schemes.parse(run["scheme"])[0]
         cfg = scheme_config(run, params["workload"], params.get("settings") or {})
         c = part_costs.get(run.get("part"), costs)
+        mem = memory_of(results, run, point, swap_out_bps, swap_in_bps)
         sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
-                       SimSettings(cost=c["runc"], cost_by_runtime=c, tick_s=tick_s,
-                                   retry_limit=int(params.get("retry_limit", 5))), cfg)
+                       SimSettings(cost=c["runc"], cost_by_runtime=c, memory=mem, tick_s=tick_s,
+                                   retry_limit=int(params.get("retry_limit", 5)),
+                                   hot_calls=bool(params["workload"].get("hot_calls"))), cfg)
         vm_m, sim_m = run["metrics"], sim["metrics"]
         row: dict[str, Any] = {"point": run["point"], "label": point["label"],
                                "oversubscription": point["oversubscription"],
@@ -112,9 +144,13 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
             for table, values in scheme.daemon_tables.items():  # the ablation's own edits
                 cfg.setdefault(table, {}).update(values)
             n = point["n_tasks"]
+            mem = memory_of(results, {"scheme": name}, point, swap_out_bps, swap_in_bps)
             sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
-                           SimSettings(cost=costs["runc"], cost_by_runtime=costs, tick_s=tick_s,
-                                       retry_limit=int(params.get("retry_limit", 5))), cfg)
+                           SimSettings(cost=costs["runc"], cost_by_runtime=costs, memory=mem,
+                                       tick_s=tick_s,
+                                       retry_limit=int(params.get("retry_limit", 5)),
+                                       hot_calls=bool(params["workload"].get("hot_calls"))),
+                           cfg)
             row = {"point": i, "label": point["label"],
                    "oversubscription": point["oversubscription"], "scheme": name, "part": None}
             for key, _ in METRICS:

@@ -161,6 +161,23 @@ def test_validate_runs_on_the_committed_results(capsys) -> None:
     assert "run " in out and "R^2" in out  # the cost fit is shown
 
 
+def test_validate_gives_the_sim_the_swap_the_vm_had() -> None:
+    """A burst run with zram (docs/replay/fleet): without its swap the simulator OOM-killed 96
+    attempts where the VM had 2. The point's swap, the device's size and the measured ratio go
+    to the memory model of the schemes that swap; a swap-off point and plain eager get none."""
+    from bench.sim.validate import VM_SWAP_OUT_BPS, memory_of
+
+    results = {"params": {"zram_size_bytes": 1 << 30, "workload": {"fill_ratio": 3.0}}}
+    run = {"scheme": "eager+swap", "swap": {"zram_peak": {"orig_bytes": 900 * MiB,
+                                                          "compr_bytes": 300 * MiB}}}
+    mem = memory_of(results, run, {"swap": "on"})
+    assert mem.swap and mem.zram and mem.swap_max_bytes == 1 << 30
+    assert mem.swap_ratio == pytest.approx(3.0) and mem.swap_bandwidth_bps == VM_SWAP_OUT_BPS
+    assert memory_of(results, {"scheme": "execgate"}, {"swap": "on"}).swap_ratio == 3.0
+    assert not memory_of(results, {"scheme": "eager"}, {"swap": "off"}).swap
+    assert not memory_of(results, {"scheme": "execgate"}, {}).swap
+
+
 def test_sandbox_admission_follows_the_daemon_config() -> None:
     """As in the daemon: on for execgate by default, off where the config says so, never for a
     scheme without the daemon; execgate-sandboxadmit forces it on."""

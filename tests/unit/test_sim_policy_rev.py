@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.sim.policy_rev import _is_path
+from bench.sim.policy_rev import _is_path, absolute
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -22,3 +22,12 @@ def test_files_and_directories_given_as_paths_are() -> None:
     assert _is_path(REPO, "docs/sim")
     assert _is_path(REPO, "README.md")
     assert not _is_path(REPO, "docs/no-such-dir")
+
+
+def test_a_new_out_directory_is_made_absolute() -> None:
+    """`--out docs/sim/new` with --policy-rev: the re-run runs in a temporary directory, and a
+    relative output directory that did not exist yet was written there and lost."""
+    args = absolute(REPO, ["validate", "docs/sim", "--out", "docs/sim/new", "--out=x/y",
+                           "--schemes", "execgate"])
+    assert args == ["validate", f"{REPO}/docs/sim", "--out", f"{REPO}/docs/sim/new",
+                    f"--out={REPO}/x/y", "--schemes", "execgate"]
