@@ -155,6 +155,14 @@ def ctl_status() -> dict[str, Any]:
     return json.loads(p.stdout)
 
 
+def daemon_view(timeout: float = 30) -> dict[str, Any]:
+    """The daemon's own status. execgatectl waits 2 s for it and then reads what is on disk,
+    which has no "daemon": a daemon busy for a moment (TCG, two VMs on one host, a test polling
+    execgatectl every 50 ms) is asked again, a daemon that stays silent fails the test."""
+    return wait_for(lambda: ctl_status().get("daemon"), timeout=timeout, interval=0.5,
+                    what="execgated to answer execgatectl status")
+
+
 def daemon_up() -> bool:
     return ctl_status()["source"].startswith("execgated pid")
 

@@ -20,8 +20,8 @@ import pytest
 from conftest import (
     CONFIG,
     Containers,
-    ctl_status,
     daemon_up,
+    daemon_view,
     docker,
     journal_for,
     systemctl,
@@ -33,7 +33,7 @@ RESULTS = os.environ.get("EXECGATE_RESULTS", "/tmp")
 
 
 def probes() -> dict[str, Any]:
-    return ctl_status()["daemon"]["probes"]
+    return daemon_view()["probes"]
 
 
 def _note(name: str, data: Any) -> None:
@@ -162,7 +162,7 @@ def test_running_call_shows_page_faults(probes_on: dict[str, Any],
     ramp = ["memload", "--peak-mib", "96", "--duration", "12", "--shape", "ramp"]
     with subprocess.Popen(["docker", "exec", cid, *ramp]) as proc:
         while proc.poll() is None:
-            daemon = ctl_status()["daemon"]
+            daemon = daemon_view()
             for call, f in daemon["probes"]["faults"].items():
                 if f["count"] >= seen.get(call, {}).get("count", -1):
                     seen[call] = f

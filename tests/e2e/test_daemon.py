@@ -15,6 +15,7 @@ from conftest import (
     container_cgroup,
     ctl_status,
     daemon_up,
+    daemon_view,
     docker,
     journal_for,
     memory_domain,
@@ -69,7 +70,7 @@ def test_eager_oom_kills_but_admission_makes_calls_wait(domain: Containers) -> N
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(burst, cids, f"memory:{CALL_MIB + 20}m")
         while not fut.done():
-            seen_queued.append(len(ctl_status()["daemon"]["admission"]["queued"]))
+            seen_queued.append(len(daemon_view()["admission"]["queued"]))
             time.sleep(0.5)
         gated = fut.result()
     assert [p.returncode for p in gated] == [0] * N, [(p.returncode, p.stderr) for p in gated]
@@ -99,10 +100,10 @@ def test_fail_open_and_rediscovery(domain: Containers) -> None:
     cids = domain.ids
     # A long call that is running when the daemon dies.
     docker("exec", "-d", cids[0], "memhog", "16", "120")
-    wait_for(lambda: ctl_status()["daemon"]["admission"]["running"], what="the long call")
+    wait_for(lambda: daemon_view()["admission"]["running"], what="the long call")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(burst, cids[1:], f"memory:{CALL_MIB + 20}m")
-        wait_for(lambda: ctl_status()["daemon"]["admission"]["queued"], what="a queued call")
+        wait_for(lambda: daemon_view()["admission"]["queued"], what="a queued call")
         # kill -9 while calls are queued: they must run at once (fail open), nothing hangs.
         t0 = time.monotonic()
         systemctl("kill", "-s", "KILL", "execgated")

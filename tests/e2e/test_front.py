@@ -16,8 +16,8 @@ from conftest import (
     STATE_DIR,
     Containers,
     container_cgroup,
-    ctl_status,
     daemon_up,
+    daemon_view,
     docker,
     journal_for,
     on_terminal,
@@ -83,7 +83,7 @@ def test_a_sandbox_and_its_calls_need_no_python(containers: Containers) -> None:
     layout), each non-TTY exec (placed, journaled, its cgroup removed), its kill and delete go
     through the daemon, with no Python; a TTY call is the Python runtime's (its relay)."""
     _settle()
-    before = ctl_status()["daemon"]
+    before = daemon_view()
     with _no_python():
         cid = containers.run()
         out = docker("exec", cid, "cat", "/proc/self/cgroup").stdout
@@ -91,7 +91,7 @@ def test_a_sandbox_and_its_calls_need_no_python(containers: Containers) -> None:
     with open(record) as f:
         rec = json.load(f)
     assert rec["managed"] is True and rec["prepared"] is True, rec
-    now = ctl_status()["daemon"]
+    now = daemon_view()
     assert now["lifecycle"]["create"] == before["lifecycle"]["create"] + 1
     assert now["lifecycle"]["start"] == before["lifecycle"]["start"] + 1
     assert out.startswith(b"0::/tool-"), out
@@ -103,11 +103,11 @@ def test_a_sandbox_and_its_calls_need_no_python(containers: Containers) -> None:
     wait_for(lambda: call not in tool_cgroups(container_cgroup(cid)), what="its cgroup gone")
     rc, text = on_terminal(["docker", "exec", "-t", cid, "cat", "/proc/self/cgroup"])
     assert rc == 0 and b"0::/tool-" in text, text
-    assert ctl_status()["daemon"]["exec"]["placed"] == before["exec"]["placed"] + 1
+    assert daemon_view()["exec"]["placed"] == before["exec"]["placed"] + 1
     with _no_python():
         docker("rm", "-f", cid)
     assert not os.path.exists(record)
-    after = ctl_status()["daemon"]["lifecycle"]
+    after = daemon_view()["lifecycle"]
     assert after["delete"] >= before["lifecycle"]["delete"] + 1
     assert after["kill"] >= before["lifecycle"]["kill"] + 1
 
@@ -120,7 +120,7 @@ def test_a_call_the_daemon_placed_is_journaled_after_the_daemon_dies(
     _settle()
     t0 = time.monotonic()
     docker("exec", "-d", cid, "sleep", "60")  # outlives a slow restart on a loaded host
-    wait_for(lambda: ctl_status()["daemon"]["exec"]["following"] >= 1, what="the call followed")
+    wait_for(lambda: daemon_view()["exec"]["following"] >= 1, what="the call followed")
     (call,) = tool_cgroups(container_cgroup(cid))
     systemctl("kill", "-s", "KILL", "execgated")
     wait_for(daemon_up, timeout=120, what="execgated to be restarted")

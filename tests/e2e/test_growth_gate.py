@@ -16,6 +16,7 @@ from conftest import (
     Containers,
     container_cgroup,
     ctl_status,
+    daemon_view,
     docker,
     gate,
     journal_for,
@@ -56,7 +57,7 @@ def test_gate_paces_growth_where_eager_oom_kills(containers: Containers, gate: s
     domain = os.path.join(CGROOT, SLICE)
     config = f'gate = "{gate}"\n' + NO_ADMISSION  # lands in the [daemon] table
     with memory_domain(containers, SLICE, BUDGET, N, config) as cids:
-        snap = ctl_status()["daemon"]
+        snap = daemon_view()
         assert snap["growth"]["actuator"] == gate, snap["growth"]
         systemctl("stop", "execgated")
         before = oom_kills(domain)
@@ -64,7 +65,7 @@ def test_gate_paces_growth_where_eager_oom_kills(containers: Containers, gate: s
         assert oom_kills(domain) > before, [p.returncode for p in eager]
         systemctl("start", "execgated")
         wait_for(lambda: ctl_status()["source"].startswith("execgated pid"), what="daemon")
-        assert ctl_status()["daemon"]["growth"]["actuator"] == gate
+        assert daemon_view()["growth"]["actuator"] == gate
         before = oom_kills(domain)
         gated = ramps(cids)
         # The watcher journals a call just after its stderr closes (when docker exec returns).
@@ -122,13 +123,13 @@ def test_daemon_killed_mid_hold_releases_the_calls(containers: Containers, gate:
     config = f'gate = "{gate}"\n' + NO_ADMISSION
     with memory_domain(containers, SLICE, BUDGET, N, config) as cids, \
             concurrent.futures.ThreadPoolExecutor(1) as pool:
-        assert ctl_status()["daemon"]["growth"]["actuator"] == gate
+        assert daemon_view()["growth"]["actuator"] == gate
         calls = pool.submit(ramps, cids)
         if gate == "freeze":
             wait_for(lambda: _frozen(domain), timeout=120, interval=0.05, what="a frozen call")
         else:
-            wait_for(lambda: ctl_status()["daemon"]["growth"]["held"], timeout=120,
-                     interval=0.05, what="a held call")
+            wait_for(lambda: daemon_view()["growth"]["held"], timeout=120,
+                     interval=0.2, what="a held call")  # (a hold lasts min_deny_s, 1 s)
             assert _our_scheduler()
             # Parked past max_park_s (1 s), a call is frozen instead and its tasks are fair again:
             # a parked task would keep its CPU from taking the host's fair work. (A frozen call
@@ -177,7 +178,7 @@ def test_call_of_a_cpu_limited_container_keeps_its_limit(containers: Containers)
     config = 'gate = "sched_ext"\n' + NO_ADMISSION
     try:
         with memory_domain(containers, slice_name, 1 << 30, 0, config):
-            assert ctl_status()["daemon"]["growth"]["actuator"] == "sched_ext"
+            assert daemon_view()["growth"]["actuator"] == "sched_ext"
             assert _our_scheduler()
             cid = containers.run("--cpus", "0.5")
             cg = container_cgroup(cid)

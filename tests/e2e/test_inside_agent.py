@@ -24,8 +24,8 @@ from conftest import (
     STATE_DIR,
     Containers,
     container_cgroup,
-    ctl_status,
     daemon_up,
+    daemon_view,
     docker,
     init_pid,
     inspect,
@@ -73,7 +73,7 @@ def listening(timeout: float = 120) -> dict[str, Any]:
     """The daemon's inside status once it follows agents: the probe loads on a worker thread
     after the first opted-in container arrives (12-17 s under TCG), and stays a while after the
     last one leaves."""
-    return wait_for(lambda: (s := ctl_status()["daemon"]["inside"])["listening"] and s,
+    return wait_for(lambda: (s := daemon_view()["inside"])["listening"] and s,
                     timeout=timeout, what="the daemon to follow the agents")
 
 
@@ -143,7 +143,7 @@ def test_children_become_calls_with_hints(containers: Containers) -> None:
                 'for i in 1 2 3; do AGENT_RESOURCE_HINT=memory:300m '
                 'sh -c "sleep 3; cat /proc/self/cgroup > /tmp/cg.$i"; '
                 'done; echo ok > /tmp/done; exec sleep 1000')
-    wait_for(lambda: ctl_status()["daemon"]["inside"]["containers"] and exists_in(cid, "/tmp/go"),
+    wait_for(lambda: daemon_view()["inside"]["containers"] and exists_in(cid, "/tmp/go"),
              timeout=120, what="the daemon to know the agent")
     listening()
     release(cid, "/tmp/go")
@@ -203,7 +203,7 @@ def test_many_short_children_all_succeed_without_leaks(containers: Containers) -
     script = ('sleep 1; read t0 rest < /proc/uptime; i=0; '
               f'while [ $i -lt {n} ]; do memhog 0 || echo $i >> /tmp/fail; i=$((i+1)); done; '
               'read t1 rest < /proc/uptime; echo "$t0 $t1" > /tmp/done; exec sleep 1000')
-    before = ctl_status()["daemon"]["inside"]
+    before = daemon_view()["inside"]
     cid = agent(containers, script)
     done = wait_for(lambda: read_in(cid, "/tmp/done"), timeout=60 + n, interval=1,
                     what=f"{n} short children")
@@ -216,7 +216,7 @@ def test_many_short_children_all_succeed_without_leaks(containers: Containers) -
     runs = [e for e in inside_entries(cid) if e["argv"][:1] == ["memhog"]]
     assert all(e["exit_code"] == 0 and e["memory_peak"] is not None for e in runs)
     assert all(e["argv"] for e in inside_entries(cid)), "every journal line names its program"
-    after = ctl_status()["daemon"]["inside"]
+    after = daemon_view()["inside"]
     stats = {k: after[k] - before.get(k, 0) for k in ("short", "placed", "missed")}
     # n commands and the first `sleep 1`, each seen by the daemon (one event may be lost)
     assert sum(stats.values()) >= n, (before, after)
@@ -254,7 +254,7 @@ def test_commands_are_followed_in_the_kernel_and_nothing_outlives_the_daemon(
                 'i=$((i+1)); done; echo ok > /tmp/short; '
                 'mkfifo /tmp/go; read x < /tmp/go; sh -c "sleep 2; exit 3"; echo $? > /tmp/rc; '
                 'exec sleep 1000')
-    status = wait_for(lambda: (s := ctl_status()["daemon"]["inside"])["listening"]
+    status = wait_for(lambda: (s := daemon_view()["inside"])["listening"]
                       and s["containers"] and exists_in(cid, "/tmp/start") and s,
                       timeout=120, what="the daemon to follow the agent")
     assert status["source"] == "bpf", status
@@ -262,7 +262,7 @@ def test_commands_are_followed_in_the_kernel_and_nothing_outlives_the_daemon(
     release(cid, "/tmp/start")
     wait_for(lambda: read_in(cid, "/tmp/short"), timeout=120, what="50 short commands")
     time.sleep(2)
-    after = ctl_status()["daemon"]["inside"]
+    after = daemon_view()["inside"]
     d = {k: after[k] - status[k] for k in ("events", "short", "placed", "missed")}
     k = {key: after["kernel"][key] - status["kernel"][key] for key in after["kernel"]}
     report("followed_in_kernel", {"daemon": d, "kernel": k})
@@ -277,7 +277,7 @@ def test_commands_are_followed_in_the_kernel_and_nothing_outlives_the_daemon(
     wait_for(daemon_up, timeout=60, what="execgated to be restarted")
     # The new daemon loads its probe on a worker thread: its loop answers meanwhile.
     t0, seen = time.monotonic(), set()
-    wait_for(lambda: seen.add(src := ctl_status()["daemon"]["inside"]["source"]) or src == "bpf",
+    wait_for(lambda: seen.add(src := daemon_view()["inside"]["source"]) or src == "bpf",
              timeout=120, what="the restarted daemon's probe")
     report("probe_reload", {"sources_seen": sorted(map(str, seen)),
                             "bpf_after_s": round(time.monotonic() - t0, 1)})
@@ -326,7 +326,7 @@ def test_the_proc_connector_source_places_calls_too(connector: Containers) -> No
                 'echo ok > /tmp/done; exec sleep 1000')
     assert wait_for(lambda: read_in(cid, "/tmp/rc"), timeout=120, what="the call").strip() == "3"
     wait_for(lambda: read_in(cid, "/tmp/done"), timeout=120, what="short commands")
-    status = ctl_status()["daemon"]["inside"]
+    status = daemon_view()["inside"]
     assert status["source"] == "connector" and attached_probes() == 0, status
     entry = wait_for(lambda: [e for e in inside_entries(cid) if e["argv"][:1] == ["sh"]],
                      timeout=60, what="the call's journal line")[0]
@@ -460,7 +460,7 @@ def test_a_program_that_grew_is_placed_at_its_exec_next_time(containers: Contain
         listening()
         release(cid, "/tmp/s")
         wait_for(lambda: exists_in(cid, "/tmp/go"), timeout=120, what="the first memhog")
-        wait_for(lambda: "memhog" in ctl_status()["daemon"]["inside"]["learned"], timeout=60,
+        wait_for(lambda: "memhog" in daemon_view()["inside"]["learned"], timeout=60,
                  what="memhog to be learned")
         release(cid, "/tmp/go")
         wait_for(lambda: read_in(cid, "/tmp/done"), timeout=120, what="the second memhog")
@@ -469,7 +469,7 @@ def test_a_program_that_grew_is_placed_at_its_exec_next_time(containers: Contain
                         timeout=60, what="both journal lines")
         assert [e["inside"]["at_exec"] for e in runs] == [False, True], runs
         assert all(e["exit_code"] == 0 for e in runs)
-        status = ctl_status()["daemon"]["inside"]
+        status = daemon_view()["inside"]
         assert status["kernel"]["at_exec"] >= 1, status
         report("placed_at_exec", {
             "rss_before_bytes": [e["inside"]["rss_before_bytes"] for e in runs],

@@ -12,6 +12,7 @@ from conftest import (
     Containers,
     container_cgroup,
     ctl_status,
+    daemon_view,
     docker,
     memory_domain,
     systemctl,
@@ -111,7 +112,7 @@ def test_idle_sandboxes_are_reclaimed_and_frozen_under_pressure(containers: Cont
             # before the other sandbox left; thaw_after_green_s = 0 keeps it so until a call.
             docker("rm", "-f", hog)
             containers.ids.remove(hog)
-            wait_for(lambda: ctl_status()["daemon"]["pressure"]["state"] == "green", timeout=120,
+            wait_for(lambda: daemon_view()["pressure"]["state"] == "green", timeout=120,
                      what="green pressure")
             docker("exec", cached, "true")  # its next call, now under green
             time.sleep(IDLE_S + 2)  # idle past idle_after_s, its call ended: not frozen
@@ -202,7 +203,7 @@ def test_idle_anonymous_memory_goes_to_compressed_swap_after_its_call(
         took = time.monotonic() - t0
         swapped, anon = _int(cg, "memory.swap.current"), _stat(cg)["anon"]
         # the reclaim is counted once memory.reclaim has returned (it may still be at work)
-        wait_for(lambda: ctl_status()["daemon"]["residency"]["reclaims"] >= 1, timeout=120,
+        wait_for(lambda: daemon_view()["residency"]["reclaims"] >= 1, timeout=120,
                  interval=0.5, what="the reclaim counted")
         snap = ctl_status()
         entry = {b["id"]: b for b in snap["sandboxes"]}[box]

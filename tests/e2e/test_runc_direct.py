@@ -20,6 +20,7 @@ from conftest import (
     STATE_DIR,
     Containers,
     ctl_status,
+    daemon_view,
     docker,
     journal_entries,
     journal_for,
@@ -373,7 +374,7 @@ def test_kill_releases_a_call_the_gate_holds(containers: Containers) -> None:
                   "wait; wait")
         execs = [pool.submit(docker, "exec", c, "sh", "-c", script, check=False, timeout=600)
                  for c in cids]
-        held = wait_for(lambda: ctl_status()["daemon"]["growth"]["held"], timeout=180,
+        held = wait_for(lambda: daemon_view()["growth"]["held"], timeout=180,
                         interval=0.05, what="a held call")
         call = held[0]
         (tool,) = glob.glob(os.path.join(domain, "*", call))
@@ -381,7 +382,7 @@ def test_kill_releases_a_call_the_gate_holds(containers: Containers) -> None:
         t0 = time.time()
         rt(_runtime_root(cid), "kill", "--all", cid, "TERM")
         asked_s = time.time() - t0
-        spared = ctl_status()["daemon"]["growth"]["spared"]  # the runtime told the daemon
+        spared = daemon_view()["growth"]["spared"]  # the runtime told the daemon
         # runc >= 1.2 signals only init when the container has its own pid namespace (init's
         # death ends the rest): what --all did before (and an init forwarding SIGTERM does) is
         # played from here. The shell's trap needs the CPU the gate held from it.
@@ -390,7 +391,7 @@ def test_kill_releases_a_call_the_gate_holds(containers: Containers) -> None:
                 os.kill(pid, signal.SIGTERM)
         still = []
         for _ in range(20):  # the call is never held again while its container stops
-            if call in ctl_status()["daemon"]["growth"]["held"]:
+            if call in daemon_view()["growth"]["held"]:
                 still.append(call)
             time.sleep(0.1)
         entry = wait_for(lambda: [e for e in journal_for(cid) if e.get("call") == call],

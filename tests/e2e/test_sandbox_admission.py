@@ -16,6 +16,7 @@ from conftest import (
     Containers,
     container_cgroup,
     ctl_status,
+    daemon_view,
     docker,
     memory_domain,
     systemctl,
@@ -38,7 +39,7 @@ FILLER = ("memload", "--peak-mib", str(FILL_MIB), "--duration", "3600", "--hold"
 
 
 def _admission() -> dict:
-    return ctl_status()["daemon"]["sandbox_admission"]
+    return daemon_view()["sandbox_admission"]
 
 
 def _start_of(cid: str) -> dict:
@@ -152,7 +153,7 @@ def test_an_idle_sandbox_makes_room_for_a_create_through_compressed_swap(
         assert start["verdict"] == "admitted" and start["waited_s"] < 60, start
         wait_for(lambda: _memory_swapped(cg) > 4 * MiB, timeout=180, interval=0.5,
                  what="the filler's memory pushed into swap")
-        res = ctl_status()["daemon"]["residency"]
+        res = daemon_view()["residency"]
         print(f"create waited {start['waited_s']:.1f} s; filler swapped "
               f"{_memory_swapped(cg) >> 20} MiB; residency {res}")
         for box, word in ((cid, "new"), (filler, "idle")):  # both run normally
