@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 
-from execgate.common import protocol
+from execgate.common import frontconf, protocol
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
@@ -60,6 +60,10 @@ def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
             on_wait: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
     """The daemon's `admitted` answer (with waited_s, forced, ...), or None to run unmanaged.
     on_wait gets every `waiting` frame (waited_s, reason) while the call waits."""
+    if os.environ.get(frontconf.DAEMON_LOST):
+        log.warning(f"call {msg.get('call')}: the daemon went away while the call waited; "
+                    "running unmanaged")
+        return None
     if not os.path.exists(path):
         log.debug(f"call {msg.get('call')}: no daemon socket at {path}; running unmanaged")
         return None

@@ -13,6 +13,7 @@ import os
 import time
 
 from execgate.cgroups import sandbox
+from execgate.common import frontconf
 from execgate.oci import bundle as bundle_mod
 from execgate.oci import runc
 
@@ -28,6 +29,11 @@ def _admit_start(ctx: Context, cid: str, spec: bundle_mod.Bundle) -> dict[str, A
     (None: not asked, as sandbox admission is off or the host is not on cgroup v2)."""
     if not sandbox.admits_sandboxes(ctx.config):
         return None
+    if os.environ.get(frontconf.DAEMON_LOST):  # the front waited, and the daemon went away
+        ctx.log.warning(f"create {cid}: the daemon went away while the sandbox waited; "
+                        "starting unadmitted (fail open)")
+        return {"admitted": False, "verdict": "daemon-unavailable", "waited_s": 0.0,
+                "why": "the daemon went away while the front waited"}
     if not os.path.exists(ctx.config.socket):  # no daemon here: nothing to wait for
         ctx.log.debug(f"create {cid}: no daemon socket at {ctx.config.socket}; unadmitted")
         return {"admitted": False, "verdict": "no-daemon", "waited_s": 0.0}

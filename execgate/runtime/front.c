@@ -54,7 +54,8 @@
 #include <unistd.h>
 
 #if !defined(EXECGATE_PYTHON) || !defined(FRONT_CONF) || !defined(FRONT_FORMAT) || \
-	!defined(DEFAULT_CONFIG) || !defined(SEARCH_PATH) || !defined(LOOP_MARKER)
+	!defined(DEFAULT_CONFIG) || !defined(SEARCH_PATH) || !defined(LOOP_MARKER) || \
+	!defined(DAEMON_LOST)
 #error "built by execgate/runtime/front.py, which defines the paths"
 #endif
 
@@ -84,6 +85,15 @@ static void __attribute__((noreturn)) python(void)
 	execve(EXECGATE_PYTHON, args, environ);
 	dprintf(2, "execgate: cannot start %s: %s\n", EXECGATE_PYTHON, strerror(errno));
 	_exit(127);
+}
+
+/* The daemon took the call or create (`queued`), then died or fell silent: Python runs it
+ * unmanaged at once, told so by DAEMON_LOST. Asking again, it found a restarted daemon that
+ * queued the call a second time (frontconf.py). */
+static void __attribute__((noreturn)) python_daemon_lost(void)
+{
+	setenv(DAEMON_LOST, "1", 1);
+	python();
 }
 
 /* execve the real runtime as runc.execve() does: argv[0] its path, our environment +
@@ -639,8 +649,9 @@ static int load_record(const char *state_dir, const char *cid, int *managed, int
 /* A managed non-TTY exec is handed to the daemon, which admits and places it and answers the
  * argv to run runc with; it follows the call to its end itself, so no Python starts. The wire
  * is the daemon's (common/protocol.py): a 4-byte big-endian length, then one msgpack map. Any
- * trouble before the answer (no daemon, a refusal, a frame not understood, a deadline passed)
- * -> Python, which asks again and fails open as it always has. The bounds on the wait are
+ * trouble before `queued` (no daemon, a refusal, a frame not understood, a deadline passed)
+ * -> Python, which asks again and fails open as it always has; trouble after it -> Python
+ * with DAEMON_LOST, which runs the call at once. The bounds on the wait are
  * runtime/admit.py's. */
 
 #define MAX_FRAME (1 << 20)
@@ -1008,7 +1019,7 @@ static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 		for (;;) {
 			long long by = now_ms() + (long long)(silence * 1000) + SLACK_MS;
 			if (!read_answer(fd, by < deadline ? by : deadline, &a))
-				python();
+				python_daemon_lost();
 			if (a.argv)
 				break; /* else `queued` (the ticket) or `waiting`: the daemon is at it */
 		}
@@ -1055,7 +1066,7 @@ static void __attribute__((noreturn)) lifecycle_via_daemon(const struct front *f
 	if (!a.run && a.queued) { /* a create waits for its sandbox's admission */
 		double wait = a.max_wait_s > 0 ? (a.max_wait_s < 1e6 ? a.max_wait_s : 1e6) : 0;
 		if (!read_answer(fd, now_ms() + (long long)(wait * 1000) + SLACK_MS, &a))
-			python();
+			python_daemon_lost();
 	}
 	if (!a.run)
 		python();

@@ -40,7 +40,8 @@ def definitions(python_entry: str, front_conf: str | None = None) -> list[str]:
               "FRONT_FORMAT": frontconf.FORMAT,
               "DEFAULT_CONFIG": config.DEFAULT_PATH,
               "SEARCH_PATH": runc.SEARCH_PATH,
-              "LOOP_MARKER": runc.LOOP_MARKER}
+              "LOOP_MARKER": runc.LOOP_MARKER,
+              "DAEMON_LOST": frontconf.DAEMON_LOST}
     return [f"-D{k}={_literal(v)}" for k, v in values.items()]
 
 

@@ -485,6 +485,28 @@ def test_a_daemon_that_does_not_place_the_exec_leaves_it_to_python(
     assert len(daemon.requests) == 1
 
 
+def _python_env(box: Box) -> dict[bytes, bytes]:
+    blob = box.python_out.read_bytes().partition(b"\n")[2]
+    return dict(e.split(b"=", 1) for e in blob.split(b"\0") if e)
+
+
+def test_a_daemon_lost_after_queued_tells_python_to_run_the_call_at_once(box: Box) -> None:
+    """The daemon took the exec or the create (`queued`), then died: Python gets DAEMON_LOST
+    and runs it without asking again. Asked again, a restarted daemon queued three calls a
+    second time in the VM (101-108 s more). Trouble before `queued` leaves Python to ask."""
+    lost = frontconf.DAEMON_LOST.encode()
+    queued = {"v": 1, "ok": True, "queued": True, "max_wait_s": 30.0, "progress_s": 10.0,
+              "max_queued_s": 600}
+    who, _args, _err, _daemon = _managed_exec(box, [queued, None], *EXEC)
+    assert who == "python" and _python_env(box).get(lost) == b"1"
+    who, _args, _err, _daemon = _managed_exec(box, [{"v": 1, "ok": False, "error": "no"}],
+                                              *EXEC)
+    assert who == "python" and lost not in _python_env(box)
+    create = ["create", "--bundle", "/b", "--pid-file", "/p", "new"]
+    who, _args, _rc, _daemon = _lifecycle(box, [dict(queued, max_wait_s=5.0), None], *create)
+    assert who == "python" and _python_env(box).get(lost) == b"1"
+
+
 def test_a_tty_exec_or_a_placed_one_never_asks_the_daemon(box: Box) -> None:
     tty = [*EXEC[:5], "--console-socket", "/c.sock", *EXEC[5:]]
     who, _args, _err, daemon = _managed_exec(box, [], *tty)

@@ -83,6 +83,27 @@ def test_a_trickling_daemon_cannot_stretch_the_runtime_budget(tmp_path: Path) ->
     thread.join(5)
 
 
+def test_a_call_whose_daemon_was_lost_by_the_front_is_not_asked_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front waited on `queued` and the daemon died: the runtime runs the call unmanaged
+    at once, though a (restarted) daemon answers on the socket."""
+    from execgate.common import frontconf
+    from execgate.runtime import admit
+
+    path = str(tmp_path / "d.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    monkeypatch.setenv(frontconf.DAEMON_LOST, "1")
+    log = RuncLog(str(tmp_path / "log"), "json")
+    assert admit.request(path, 0.2, {"call": "tool-1"}, log) is None
+    server.settimeout(0.1)
+    with pytest.raises(TimeoutError):
+        server.accept()  # never asked
+    server.close()
+    assert "went away while the call waited" in (tmp_path / "log").read_text()
+
+
 def test_a_trickling_daemon_cannot_stretch_a_create_budget(tmp_path: Path) -> None:
     from execgate.runtime import start_admit
 
