@@ -904,6 +904,9 @@ static long long now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Set when the daemon's end closed (EOF, reset): it died, as opposed to answering late. */
+static int peer_closed;
+
 /* Read n bytes by the deadline (ms, monotonic); 0 on EOF, error or time up. */
 static int read_by(int fd, unsigned char *out, size_t n, long long deadline)
 {
@@ -921,6 +924,8 @@ static int read_by(int fd, unsigned char *out, size_t n, long long deadline)
 		ssize_t k = read(fd, out + got, n - got);
 		if (k < 0 && errno == EINTR)
 			continue;
+		if (k == 0 || (k < 0 && errno == ECONNRESET))
+			peer_closed = 1;
 		if (k <= 0)
 			return 0;
 		got += (size_t)k;
@@ -1005,8 +1010,11 @@ static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 
 	if (fd < 0)
 		python(); /* no daemon: the runtime fails open, with its watcher */
-	if (!read_answer(fd, t0 + f->daemon_timeout_ms, &a))
+	if (!read_answer(fd, t0 + f->daemon_timeout_ms, &a)) {
+		if (peer_closed) /* it took the request and died: asked again, a restarted */
+			python_daemon_lost(); /* daemon queued the call anew (VM: 104 s) */
 		python();
+	}
 	if (!a.argv) {
 		if (!a.queued)
 			python();
@@ -1061,8 +1069,13 @@ static void __attribute__((noreturn)) lifecycle_via_daemon(const struct front *f
 	struct answer a;
 	int fd = send_op(f, "lifecycle", config_path);
 
-	if (fd < 0 || !read_answer(fd, now_ms() + f->daemon_timeout_ms, &a))
+	if (fd < 0)
 		python();
+	if (!read_answer(fd, now_ms() + f->daemon_timeout_ms, &a)) {
+		if (peer_closed)
+			python_daemon_lost();
+		python();
+	}
 	if (!a.run && a.queued) { /* a create waits for its sandbox's admission */
 		double wait = a.max_wait_s > 0 ? (a.max_wait_s < 1e6 ? a.max_wait_s : 1e6) : 0;
 		if (!read_answer(fd, now_ms() + (long long)(wait * 1000) + SLACK_MS, &a))
