@@ -107,6 +107,13 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
             sub = dict(results, runs=[r for r in results["runs"] if r.get("part") == part])
             part_costs[part] = fit_results(sub, by_id)
     params = results["params"]
+
+    def settings(c: Mapping[str, CostModel], mem: MemoryConfig) -> SimSettings:
+        """One run's: its cost model and host memory, the file's tick, retries and calls."""
+        return SimSettings(cost=c["runc"], cost_by_runtime=dict(c), memory=mem, tick_s=tick_s,
+                           retry_limit=int(params.get("retry_limit", 5)),
+                           hot_calls=bool(params["workload"].get("hot_calls")))
+
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for run in sorted(results["runs"], key=lambda r: (r["point"], r["scheme"])):
@@ -117,9 +124,7 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
         c = part_costs.get(run.get("part"), costs)
         mem = memory_of(results, run, point, swap_out_bps, swap_in_bps)
         sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
-                       SimSettings(cost=c["runc"], cost_by_runtime=c, memory=mem, tick_s=tick_s,
-                                   retry_limit=int(params.get("retry_limit", 5)),
-                                   hot_calls=bool(params["workload"].get("hot_calls"))), cfg)
+                       settings(c, mem), cfg)
         vm_m, sim_m = run["metrics"], sim["metrics"]
         row: dict[str, Any] = {"point": run["point"], "label": point["label"],
                                "oversubscription": point["oversubscription"],
@@ -146,11 +151,7 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
             n = point["n_tasks"]
             mem = memory_of(results, {"scheme": name}, point, swap_out_bps, swap_in_bps)
             sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
-                           SimSettings(cost=costs["runc"], cost_by_runtime=costs, memory=mem,
-                                       tick_s=tick_s,
-                                       retry_limit=int(params.get("retry_limit", 5)),
-                                       hot_calls=bool(params["workload"].get("hot_calls"))),
-                           cfg)
+                           settings(costs, mem), cfg)
             row = {"point": i, "label": point["label"],
                    "oversubscription": point["oversubscription"], "scheme": name, "part": None}
             for key, _ in METRICS:

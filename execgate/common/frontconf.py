@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 
 NAME = "front.conf"
 FORMAT = "execgate-front 1"
-# Set by the front when the daemon took a call or a create (`queued`) and then died or fell
-# silent: Python runs it at once without asking again. Asked again, the restarted daemon queued
-# the call a second time (in the VM three calls waited 101-108 s more after a kill -9).
+# Set by the front when the daemon died with a call or a create it was sent, or took it
+# (`queued`) and then fell silent: Python runs it at once without asking again. Asked again,
+# the restarted daemon queued the call a second time (in the VM three calls waited 101-108 s
+# more after a kill -9).
 DAEMON_LOST = "EXECGATE_DAEMON_LOST"
 
 

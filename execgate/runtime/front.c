@@ -87,8 +87,9 @@ static void __attribute__((noreturn)) python(void)
 	_exit(127);
 }
 
-/* The daemon took the call or create (`queued`), then died or fell silent: Python runs it
- * unmanaged at once, told so by DAEMON_LOST. Asking again, it found a restarted daemon that
+/* The daemon was sent the call or create and closed the socket (it died), or it took it
+ * (`queued`) and then died or fell silent: Python runs it unmanaged at once, told so by
+ * DAEMON_LOST. Asking again, it found a restarted daemon that
  * queued the call a second time (frontconf.py). */
 static void __attribute__((noreturn)) python_daemon_lost(void)
 {
@@ -650,8 +651,8 @@ static int load_record(const char *state_dir, const char *cid, int *managed, int
  * argv to run runc with; it follows the call to its end itself, so no Python starts. The wire
  * is the daemon's (common/protocol.py): a 4-byte big-endian length, then one msgpack map. Any
  * trouble before `queued` (no daemon, a refusal, a frame not understood, a deadline passed)
- * -> Python, which asks again and fails open as it always has; trouble after it -> Python
- * with DAEMON_LOST, which runs the call at once. The bounds on the wait are
+ * -> Python, which asks again and fails open as it always has; the daemon closing the socket,
+ * or trouble after `queued` -> Python with DAEMON_LOST, which runs the call at once. The bounds on the wait are
  * runtime/admit.py's. */
 
 #define MAX_FRAME (1 << 20)
