@@ -54,6 +54,9 @@ NEVER_POPULATED_S = 120.0
 # ... and one empty since it held a task for this long: its watcher journals within a second,
 # seconds on a loaded emulated host, and removing the cgroup first loses the call's figures.
 EMPTIED_S = 30.0
+# A call its watcher reported done waits this long for its journal line, which says how it
+# ended; past it, its `finished` event goes out as vanished (the watcher died in between).
+JOURNAL_LINE_S = 120.0
 # A step spends about this long at most on the journal's backlog (a chunk more at worst), so a
 # backlog of a million lines never holds the event loop; the daemon steps again soon while
 # the follower is behind (main.py's control loop).
@@ -149,6 +152,7 @@ class Engine:
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
                                  settings.pressure, cfg.tool_oom_score_adj)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
+        self.ended: dict[str, tuple[float, str]] = {}  # done, journal line to come: (when, box)
         # bcc probes (OOM attribution, page faults); started by the daemon, after its socket
         self.probes = ProbeMonitor(settings.daemon.probes, self.events, cfg.state_dir,
                                    settings.daemon.oom_record, clock)
@@ -272,7 +276,7 @@ class Engine:
     def done(self, call_id: str) -> dict[str, Any]:
         """The call's watcher saw it end: release it now and say what the gate did to it."""
         outcome = self.growth.outcome(call_id)
-        self._finish(call_id, None)
+        self._finish(call_id, None, journal_to_come=True)
         return outcome
 
     def cancel(self, call_id: str) -> None:
@@ -303,7 +307,7 @@ class Engine:
     @property
     def _stages(self) -> tuple[tuple[str, Callable[[], None]], ...]:
         return (("journal", self.follow_journal), ("predictor", self.predictor.step),
-                ("calls", self._sample_calls),
+                ("calls", self._sample_calls), ("ended", self._expire_ended),
                 ("probes", lambda: self.probes.step(self.calls)),  # fault rates, OOM kills
                 ("domain", self._sample_domain), ("admission", self._step),
                 ("growth", self._step_growth), ("residency", self._step_residency),
@@ -480,7 +484,12 @@ class Engine:
             if self.unlearned == 1 or self.unlearned % 1000 == 0:  # a bounded log
                 log.warning("journal: call %s not learned from (%d so far): %s", cid,
                             self.unlearned, e)
-        if isinstance(cid, str):
+        if not isinstance(cid, str):
+            return
+        ended = self.ended.pop(cid, None)
+        if ended is not None:  # released at its watcher's `done`: now we know how it ended
+            self._publish_finished(cid, ended[1], entry)
+        else:
             self._finish(cid, entry)
 
     def _observe(self, entry: dict[str, Any], avg: int | None) -> None:
@@ -495,7 +504,10 @@ class Engine:
                                              duration_s=float(entry.get("duration") or 0),
                                              oom_killed=bool(entry.get("oom_killed"))))
 
-    def _finish(self, cid: str, entry: dict[str, Any] | None) -> None:
+    def _finish(self, cid: str, entry: dict[str, Any] | None,
+                journal_to_come: bool = False) -> None:
+        """Release a call. Its `finished` event says how it ended, so a call released at its
+        watcher's `done` publishes it when its journal line is read (`ended`), not now."""
         call = self.calls.pop(cid, None)
         if call is None:
             return
@@ -507,13 +519,27 @@ class Engine:
         self.admission.release(cid)
         self.residency.touch(call.container)
         self.sandboxes.call_ended(call.container, entry.get("memory_peak") if entry else None)
+        if journal_to_come:
+            self.ended[cid] = (self.clock(), call.container)
+        else:
+            self._publish_finished(cid, call.container, entry)
+
+    def _publish_finished(self, cid: str, container: str, entry: dict[str, Any] | None) -> None:
         self.events.publish(
-            "finished", call=cid, container=call.container,
+            "finished", call=cid, container=container,
             exit_code=entry.get("exit_code") if entry else None,
             oom_killed=bool(entry.get("oom_killed")) if entry else None,
             memory_peak=entry.get("memory_peak") if entry else None,
             duration=entry.get("duration") if entry else None,
             vanished=entry is None)
+
+    def _expire_ended(self) -> None:
+        """Calls done whose journal line never came (their watcher died after `done`)."""
+        now = self.clock()
+        for cid, (since, box) in list(self.ended.items()):
+            if now - since > JOURNAL_LINE_S:
+                del self.ended[cid]
+                self._publish_finished(cid, box, None)
 
     # -- views ---------------------------------------------------------------------------------
 

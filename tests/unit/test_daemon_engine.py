@@ -354,3 +354,35 @@ def test_a_failing_store_or_stage_does_not_stop_the_rest_of_the_tick(tmp_path: P
         assert eng.snapshot()["loop"]["stage_errors"] == {"predictor": 3}
 
     asyncio.run(scenario())
+
+
+def test_a_call_done_before_its_journal_line_finishes_with_its_outcome(tmp_path: Path) -> None:
+    """The watcher sends `done` before it writes the journal line: the call's charge goes at
+    once, and its `finished` event waits for the line that says how it ended (every call was
+    counted `vanished` before). A line that never comes is published as vanished later."""
+    from execgate.daemon.engine import JOURNAL_LINE_S
+
+    async def scenario() -> None:
+        eng, clock, journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        q = eng.events.subscribe()
+        eng.tick()
+        for i in (1, 2):
+            assert eng.submit(_admit_msg(i, 100 * MiB))[1].done()
+            eng.done(f"tool-{i}")
+        assert eng.admission.snapshot()["running"] == []
+        with open(journal, "a") as f:
+            f.write(json.dumps({"call": "tool-1", "container": "c", "sandbox": "c",
+                                "argv": ["pytest"], "memory_peak": 90 * MiB, "pids_peak": 1,
+                                "duration": 1.0, "oom_killed": False, "exit_code": 0}) + "\n")
+        eng.tick()
+        clock.t += JOURNAL_LINE_S + 1
+        eng.tick()
+        finished = {}
+        while not q.empty():
+            e = q.get_nowait()
+            if e["event"] == "finished":
+                finished[e["call"]] = e
+        assert finished["tool-1"]["exit_code"] == 0 and not finished["tool-1"]["vanished"]
+        assert finished["tool-2"]["vanished"] and eng.ended == {}
+
+    asyncio.run(scenario())

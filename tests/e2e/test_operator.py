@@ -11,7 +11,7 @@ import subprocess
 import urllib.request
 from collections.abc import Iterator
 
-from conftest import CONFIG, Containers, ctl_status, daemon_up, docker, systemctl, wait_for
+from conftest import CONFIG, Containers, daemon_up, daemon_view, docker, systemctl, wait_for
 
 PORT = 9477
 
@@ -74,10 +74,10 @@ def test_reload_applies_live_values_without_a_restart() -> None:
     pid = _main_pid()
     with _config(max_admission_wait_s="7.0", listen=f'"127.0.0.1:{PORT}"'):
         systemctl("reload", "execgated")
-        conf = wait_for(lambda: (ctl_status()["daemon"].get("config") or {}).get("reloads"),
+        conf = wait_for(lambda: (daemon_view().get("config") or {}).get("reloads"),
                         timeout=60, what="the reload")
         assert conf >= 1 and _main_pid() == pid
-        assert ctl_status()["daemon"]["config"]["restart_needed"] == ["[metrics] listen"]
+        assert daemon_view()["config"]["restart_needed"] == ["[metrics] listen"]
 
 
 def test_metrics_while_a_call_runs(containers: Containers) -> None:
@@ -96,11 +96,14 @@ def test_metrics_while_a_call_runs(containers: Containers) -> None:
                         (line.rsplit(" ", 1) for line in text.splitlines()
                          if line and not line.startswith("#"))}
 
-            s = wait_for(lambda: (m := scrape()).get("execgate_calls_running") and m,
-                         timeout=60, what="the running call in the metrics")
+            # `true` ended ok (its journal line read), `sleep` runs: both admitted
+            ok = 'execgate_calls_finished_total{outcome="ok"}'
+            s = wait_for(lambda: (m := scrape()).get("execgate_calls_running")
+                         and m.get(ok) and m, timeout=60,
+                         what="the ended and the running call in the metrics")
             assert s["execgate_budget_bytes"] > 0
-            assert s['execgate_calls_finished_total{outcome="ok"}'] >= 1
             assert s["execgate_admission_wait_seconds_count"] >= 2
+            assert s.get('execgate_calls_finished_total{outcome="vanished"}', 0) == 0
         finally:
             call.kill()
             call.wait()
