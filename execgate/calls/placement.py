@@ -53,10 +53,11 @@ def _hint(cfg: Config, spec: process_mod.ProcessSpec | None, rec: dict[str, Any]
                         ignored, say if spec and not spec.terminal else None)
 
 
-def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None]
-         ) -> Plan | None:
+def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None],
+         runtime: str | None = None) -> Plan | None:
     """The call this exec is, or None when it is not execgate's to place (the caller chose a
-    cgroup, the container is not managed or not prepared): then it passes through as it is."""
+    cgroup, the container is not managed or not prepared, the real runtime (runtime: its path,
+    else found from the config) has no `exec --cgroup`): then it passes through as it is."""
     flags = inv.command_flags()
     if flags.get("cgroup") is not None or not flags.positionals:
         return None  # the caller placed the process itself
@@ -67,6 +68,10 @@ def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None]
     cg = rec["cgroup"]
     if not container.is_prepared(cg):
         log.warning(f"exec in {cid}: {cg} lacks init/; running unmanaged")
+        return None
+    if not _places_execs(cfg, runtime):
+        log.warning(f"exec in {cid}: the runtime ({runtime or cfg.runtime[0]}) has no "
+                    "`exec --cgroup`: running unmanaged (runc >= 1.1 has it)")
         return None
     spec = None
     if flags.get("process"):
@@ -83,6 +88,17 @@ def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None]
                     hold_exit=cfg.tty_exit_hold, arrival=time.time())
     call.redact = cfg.redact_commands
     return Plan(inv, flags, rec, spec, call)
+
+
+def _places_execs(cfg: Config, runtime: str | None) -> bool:
+    from execgate.oci import exec_cgroup, runc
+
+    if runtime is None:
+        try:
+            runtime = runc.find(cfg.runtime)
+        except runc.RuntimeNotFound:
+            return True  # the caller's own runtime decides; nothing to ask here
+    return exec_cgroup.supported(runtime, cfg.state_dir)
 
 
 def place(cfg: Config, p: Plan, log: RuncLog) -> list[str]:

@@ -58,7 +58,7 @@ def recover(ctx: Context) -> None:
 
 
 def handle(ctx: Context) -> list[str]:
-    p = placement.plan(ctx.config, ctx.inv, ctx.log, _stderr)
+    p = placement.plan(ctx.config, ctx.inv, ctx.log, _stderr, ctx.runc)
     if p is None:
         return ctx.inv.argv
     from . import admit, watcher

@@ -172,7 +172,7 @@ PODMAN_DROP_IN = "/etc/containers/containers.conf.d/99-execgate.conf"
 @pytest.fixture
 def podman_configured() -> Iterator[None]:
     if shutil.which("podman") is None:
-        pytest.skip("no podman on this host (the test VM's image has none)")
+        pytest.skip("no podman on this host")
     before = _files(PODMAN_DROP_IN)
     _run("execgatectl", "configure", "podman")
     try:

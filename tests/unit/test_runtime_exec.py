@@ -41,6 +41,9 @@ REPO = str(Path(__file__).resolve().parents[2])
 
 FAKE_RUNC = """#!/bin/sh
 # runc exec, as far as the handler can tell: records its argv and the call's cgroup.
+# Its help names --cgroup (oci/exec_cgroup.py asks once), unless FAKE_RUNC_HELP says otherwise.
+case " $* " in *" --help "*) echo "${FAKE_RUNC_HELP:---cgroup value   a sub-cgroup}"; exit 0;;
+esac
 printf '%s\\n' "$@" > "$FAKE_RUNC_OUT.argv"
 while [ $# -gt 0 ]; do [ "$1" = --cgroup ] && cg="$2"; shift; done
 [ -n "$cg" ] && cat "$FAKE_BOX/$cg/memory.oom.group" > "$FAKE_RUNC_OUT.oom" 2>/dev/null
@@ -215,11 +218,13 @@ class Box:
         return Context(inv=cli.parse(argv), config=Config(**self.config(timeout_ms)),
                        log=RuncLog(str(self.log), "json"), runc=str(self.runc))
 
-    def run(self, argv: list[str], timeout_ms: int = 1000, status: int = 3, **config: Any
-            ) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: list[str], timeout_ms: int = 1000, status: int = 3,
+            help_text: str | None = None, **config: Any) -> subprocess.CompletedProcess[str]:
         """The runtime process for one exec, to its end and its watcher's."""
         env = {**os.environ, "PYTHONPATH": REPO, "FAKE_BOX": str(self.cg),
                "FAKE_RUNC_OUT": str(self.out), "FAKE_RUNC_STATUS": str(status)}
+        if help_text is not None:
+            env["FAKE_RUNC_HELP"] = help_text
         cfg = json.dumps(self.config(timeout_ms, **config))
         proc = subprocess.run(
             [sys.executable, "-c", DRIVER, str(self.root), cfg, str(self.log), str(self.runc),
@@ -588,3 +593,18 @@ def test_a_call_with_a_huge_argv_is_still_admitted(box: Box, daemon: FakeDaemon)
     assert admit["argv"][:2] == ["sh", "-c"] and sum(map(len, admit["argv"])) <= 64 << 10
     (entry,) = box.journal_entries()
     assert entry["managed"] is True and entry["argv"][2] == script and len(entry["argv"]) == 1003
+
+
+def test_a_runtime_without_exec_cgroup_runs_every_call_as_it_is(box: Box,
+                                                                  daemon: FakeDaemon) -> None:
+    """runc < 1.1 has no `exec --cgroup`: splicing it in would fail every exec. The runtime's
+    help is read once, and the calls pass through unmanaged, with a warning (issue 21, 11)."""
+    argv = box.argv(box.process_spec(["pytest"]))
+    old_help = "--pid-file value   the pid file\n--process value   the process spec"
+    for _ in range(2):
+        proc = box.run(argv, status=0, help_text=old_help)
+        assert proc.returncode == 0, proc.stderr
+        assert box.runc_argv() == argv and box.tools() == [] and daemon.requests == []
+    assert any("no `exec --cgroup`" in w for w in box.warnings())
+    (kept,) = (box.state / "runtime-probe").iterdir()
+    assert kept.read_text().split()[-1] == "0"

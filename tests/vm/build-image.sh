@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test VM: a Debian trixie rootfs with the sched_ext-capable backports kernel, Docker,
-# runc, python3 and the BPF toolchain, as a raw ext4 image plus the kernel and initramfs to boot it.
+# containerd, Podman, runc, python3 and the BPF toolchain, as a raw ext4 image plus the kernel and
+# initramfs to boot it.
 # Cached under $EXECGATE_VM_CACHE/<key>, where the key hashes this script: a changed recipe rebuilds.
 set -euo pipefail
 # Standard output carries the image directory and nothing else (boot.sh reads it): every tool's
@@ -63,7 +64,7 @@ log "apt: kernel, docker, runc, python, bpf toolchain"
 in_root apt-get update -qq
 in_root apt-get install -y -qq --no-install-recommends \
     initramfs-tools kmod udev iproute2 procps util-linux e2fsprogs psmisc \
-    docker.io docker-cli containerd runc \
+    docker.io docker-cli containerd runc podman netavark conmon \
     python3 python3-venv python3-pip python3-pytest python3-msgpack python3-psutil \
     python3-bpfcc busybox-static libc6-dev clang llvm libbpf-dev \
     >"$work/apt.log" 2>&1 || { tail -30 "$work/apt.log" >&2; exit 1; }
