@@ -239,6 +239,89 @@ def _started(root: str, bundle: str, tmp: str, cid: str, args: list[str] | None 
     return own
 
 
+def test_a_host_pid_namespace_container_whose_init_is_gone(bundle: str,
+                                                            tmp_path: object) -> None:
+    """Without a pid namespace of its own a container's processes outlive its init, and runc's
+    suite deletes such a container once init is gone: runc kills what is left in its cgroup.
+    The tool call still running there dies with it, is journaled, and nothing of execgate's
+    (tool cgroup, init/, record, watcher) is left behind (issue 21, item 11)."""
+    root, tmp, cid = str(tmp_path) + "/root", str(tmp_path), "hostpid-init-gone"
+    own = _own_bundle(bundle, tmp, cid)
+    path = os.path.join(own, "config.json")
+    with open(path) as f:
+        spec = json.load(f)
+    spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != "pid"]
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    rt(root, "create", "--bundle", own, "--pid-file", os.path.join(own, "pid"), cid)
+    cg = os.path.join(CGROOT, PARENT, cid)
+    try:
+        rt(root, "start", cid)
+        rt(root, "exec", "--detach", "--process", _process_json(own, ["sleep", "601"]),
+           "--pid-file", os.path.join(own, "exec.pid"), cid)
+        wait_for(lambda: any(_populated(os.path.join(cg, t)) for t in tool_cgroups(cg)),
+                 what="the call to run in its tool cgroup")
+        with open(os.path.join(own, "pid")) as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+        wait_for(lambda: json.loads(rt(root, "state", cid).stdout)["status"] == "stopped",
+                 what="the container to stop with its init")
+        (tool,) = tool_cgroups(cg)
+        assert _populated(os.path.join(cg, tool)), "the call outlives init (host pid namespace)"
+        p = rt(root, "delete", cid, check=False)
+        assert p.returncode == 0, p.stderr
+    finally:
+        _gone(root, cid)
+    wait_for(lambda: not os.path.exists(cg), what="the container's cgroup to be removed")
+    assert not os.path.exists(os.path.join(STATE_DIR, "containers", cid + ".json"))
+    entry = wait_for(lambda: [e for e in journal_for(cid) if e.get("argv") == ["sleep", "601"]],
+                     timeout=60, what="the killed call's journal entry")[0]
+    assert entry.get("exit_code") != 0, entry
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not [line for line in ps.splitlines() if "sleep 601" in line]
+
+
+def test_a_kubernetes_pod_cgroup_under_the_systemd_driver(bundle: str, tmp_path: object) -> None:
+    """What a kubelet with the systemd cgroup driver hands runc (through containerd's CRI): a
+    `slice:prefix:name` cgroupsPath under kubepods.slice, and the pod's scope with
+    memory.oom.group = 1 (Kubernetes >= 1.28). The call gets its tool cgroup in the container's
+    scope, capped so that its OOM is its own, and delete leaves nothing of execgate's (issue 19)."""
+    root, tmp, cid = str(tmp_path) + "/root", str(tmp_path), "k8s-systemd"
+    pod = f"kubepods-burstable-pod{os.getpid():08x}.slice"
+    own = _own_bundle(bundle, tmp, cid)
+    path = os.path.join(own, "config.json")
+    with open(path) as f:
+        spec = json.load(f)
+    spec["linux"]["cgroupsPath"] = f"{pod}:cri-containerd:{cid}"
+    spec["linux"]["resources"] = {"memory": {"limit": 64 * 1024 * 1024}}
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    cg = os.path.join(CGROOT, "kubepods.slice", "kubepods-burstable.slice", pod,
+                      f"cri-containerd-{cid}.scope")
+    rt(root, "--systemd-cgroup", "create", "--bundle", own, "--pid-file",
+       os.path.join(own, "pid"), cid)
+    try:
+        assert os.path.isdir(cg), os.listdir(os.path.join(CGROOT, "kubepods.slice"))
+        with open(os.path.join(cg, "memory.oom.group"), "w") as f:
+            f.write("1")  # as the kubelet sets it
+        rt(root, "--systemd-cgroup", "start", cid)
+        out = rt(root, "--systemd-cgroup", "exec", "--process",
+                 _process_json(own, ["cat", "/proc/self/cgroup"]), cid).stdout.decode()
+        tool = out.strip().split("::", 1)[1]
+        assert os.path.basename(tool).startswith("tool-"), out
+        assert os.path.dirname(tool).endswith(f"cri-containerd-{cid}.scope"), out
+        assert os.path.isdir(os.path.join(cg, "init"))
+        p = rt(root, "--systemd-cgroup", "exec", "--process",
+               _process_json(own, ["memhog", "100"], "hog.json"), cid, check=False)
+        assert p.returncode == 137, p.stderr  # the call's OOM, not the pod's group kill
+        assert json.loads(rt(root, "state", cid).stdout)["status"] == "running"
+    finally:
+        rt(root, "--systemd-cgroup", "delete", "--force", cid, check=False)
+    wait_for(lambda: not os.path.exists(cg), what="the container's scope to be removed")
+    assert not os.path.exists(os.path.join(STATE_DIR, "containers", cid + ".json"))
+    subprocess.run(["systemctl", "stop", pod, "kubepods-burstable.slice", "kubepods.slice"],
+                   check=False, timeout=60)  # the kubelet's to remove
+
+
 def _gone(root: str, cid: str) -> None:
     rt(root, "delete", "--force", cid, check=False)
 
