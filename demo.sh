@@ -12,7 +12,8 @@
 #   sudo ./demo.sh [RESULTS_DIR]            (default: results/demo)
 # Settings: EXECGATE_DEMO_IMAGE (default execgate-demo:latest, built if missing from
 # bench/load/memload.c and tests/e2e/programs/memhog.c on busybox), EXECGATE_DEMO_TOUR=0 skips
-# the tour, EXECGATE_DEMO_INSTALL=0 skips install.sh (execgate already installed).
+# the tour, EXECGATE_DEMO_INSTALL=0 skips install.sh (execgate already installed),
+# EXECGATE_DEMO_PLOTS=0 leaves the plots out (report.md only).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")" && pwd)
 # bench/ runs from the checkout, beside the execgate package: python3 -m bench.NAME
@@ -76,7 +77,10 @@ native() {
     python3 -m bench.replay demo --dry-run | sed -n '3,4p'
     echo "(a few minutes: eager, then execgate; one line per task event)"
     python3 -m bench.replay demo --image "$image" --out "$results"
-    python3 -m bench.report --plots-optional "$results/results.json" >/dev/null
+    # In the VM the host draws the plots afterwards (EXECGATE_DEMO_PLOTS=0): no matplotlib here.
+    local plots=--plots-optional
+    [[ ${EXECGATE_DEMO_PLOTS:-1} == 0 ]] && plots=--no-plots
+    python3 -m bench.report "$plots" "$results/results.json" >/dev/null
     echo "report: $results/report.md"
 }
 
@@ -89,6 +93,7 @@ echo "[demo] no local Docker on cgroup v2: running the demo inside the test VM"
 # qemu and debootstrap to boot the VM, the checkout's venv with matplotlib to draw the plots.
 "$repo/tests/vm/host-setup.sh" bench || exit 1
 export EXECGATE_DEMO_INSTALL=0  # the VM's guest-run.sh has just run install.sh
+export EXECGATE_DEMO_PLOTS=0  # drawn here, from the VM's results
 export EXECGATE_VM_TIMEOUT=${EXECGATE_VM_TIMEOUT:-1800}
 export EXECGATE_VM_CMD='bash src/demo.sh "$EXECGATE_RESULTS/demo"'
 mkdir -p "$results"

@@ -34,7 +34,7 @@ CGROOT = "/sys/fs/cgroup"
 EXECGATE = "/usr/local/bin/execgate"
 JOURNAL = "/var/lib/execgate/calls.jsonl"
 IMAGE = "execgate-test:latest"
-FILE_KIB = 64
+FILE_KIB = 64  # each call's new file (--file-kib)
 
 
 def _stat(cg: str) -> dict[str, int]:
@@ -188,8 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=("execs", "churn"))
     ap.add_argument("n", type=int)
     ap.add_argument("--step", type=int, default=0, help="sample every STEP calls (N/20)")
+    ap.add_argument("--file-kib", type=int, default=FILE_KIB,
+                    help="the file each call leaves (KiB)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    global FILE_KIB
+    FILE_KIB = a.file_kib
     step = a.step or max(1, a.n // 20)
     result = (execs if a.mode == "execs" else churn)(a.n, step)
     result["kernel"] = os.uname().release

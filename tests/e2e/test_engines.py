@@ -171,8 +171,13 @@ PODMAN_DROP_IN = "/etc/containers/containers.conf.d/99-execgate.conf"
 
 @pytest.fixture
 def podman_configured() -> Iterator[None]:
+    """Podman with execgate's drop-in; unconfigure leaves the files as they are without
+    execgate. install.sh registers with every engine it finds, so Podman may be configured
+    already: that state is put back after."""
     if shutil.which("podman") is None:
         pytest.skip("no podman on this host")
+    installed = _files(PODMAN_DROP_IN)
+    _run("execgatectl", "unconfigure", "podman")
     before = _files(PODMAN_DROP_IN)
     _run("execgatectl", "configure", "podman")
     try:
@@ -180,6 +185,9 @@ def podman_configured() -> Iterator[None]:
     finally:
         _run("execgatectl", "unconfigure", "podman")
         assert _files(PODMAN_DROP_IN) == before
+        if installed != before:
+            _run("execgatectl", "configure", "podman")
+            assert _files(PODMAN_DROP_IN) == installed
 
 
 def _read(path: str) -> str:
