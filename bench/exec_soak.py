@@ -67,11 +67,11 @@ def _sample(i: int, cg: str, t0: float, journal0: int | None) -> dict[str, Any]:
     return out
 
 
-def _write_cmd(i: int) -> list[str]:
-    return ["sh", "-c", f"head -c {FILE_KIB * 1024} /dev/urandom > /tmp/soak.{i}"]
+def _write_cmd(i: int, kib: int) -> list[str]:
+    return ["sh", "-c", f"head -c {kib * 1024} /dev/urandom > /tmp/soak.{i}"]
 
 
-def _write_in(cg: str, path: str) -> None:
+def _write_in(cg: str, path: str, kib: int) -> None:
     """A child that joins cg, writes a new file (its page cache charged to cg) and exits: a
     fork, no exec, so that the kernel's side is what is measured."""
     pid = os.fork()
@@ -80,7 +80,7 @@ def _write_in(cg: str, path: str) -> None:
             with open(os.path.join(cg, "cgroup.procs"), "w") as f:
                 f.write("0")
             with open(path, "wb") as f:
-                f.write(os.urandom(FILE_KIB * 1024))
+                f.write(os.urandom(kib * 1024))
             os._exit(0)
         finally:
             os._exit(1)
@@ -89,7 +89,7 @@ def _write_in(cg: str, path: str) -> None:
         raise RuntimeError(f"the writer in {cg} failed ({status})")
 
 
-def churn(n: int, step: int) -> dict[str, Any]:
+def churn(n: int, step: int, kib: int = FILE_KIB) -> dict[str, Any]:
     parent = os.path.join(CGROOT, f"execgate-soak-{os.getpid()}")
     os.mkdir(parent)
     with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
@@ -104,7 +104,7 @@ def churn(n: int, step: int) -> dict[str, Any]:
             except OSError as e:  # ENOSPC: out of memory cgroup ids
                 refused = {"at": i, "error": str(e), **_sample(i - 1, parent, t0, None)}
                 break
-            _write_in(cg, os.path.join(scratch, f"f.{i}"))
+            _write_in(cg, os.path.join(scratch, f"f.{i}"), kib)
             os.rmdir(cg)
             if i % step == 0 or i == n:
                 samples.append(_sample(i, parent, t0, None))
@@ -116,7 +116,7 @@ def churn(n: int, step: int) -> dict[str, Any]:
         time.sleep(1)
         after = _stat(parent).get("nr_dying_descendants", 0)
         os.rmdir(parent)
-    return {"mode": "churn", "n": n, "file_kib": FILE_KIB, "samples": samples,
+    return {"mode": "churn", "n": n, "file_kib": kib, "samples": samples,
             "mkdir_refused": refused, "dying_after_files_removed": after}
 
 
@@ -148,7 +148,7 @@ def _rt(root: str, *args: str, quiet: bool = False) -> None:
                    stdout=subprocess.DEVNULL if quiet else None, timeout=600)
 
 
-def execs(n: int, step: int) -> dict[str, Any]:
+def execs(n: int, step: int, kib: int = FILE_KIB) -> dict[str, Any]:
     cid = f"soak-{os.getpid()}"
     tmp = tempfile.mkdtemp(prefix="soak-", dir="/var/tmp")  # on disk, as an image's layers are
     root = os.path.join(tmp, "root")
@@ -164,7 +164,7 @@ def execs(n: int, step: int) -> dict[str, Any]:
             proc = os.path.join(tmp, "process.json")
             with open(proc, "w") as f:
                 json.dump({"terminal": False, "user": {"uid": 0, "gid": 0},
-                           "args": _write_cmd(i), "env": ["PATH=/bin"], "cwd": "/"}, f)
+                           "args": _write_cmd(i, kib), "env": ["PATH=/bin"], "cwd": "/"}, f)
             p = subprocess.run([EXECGATE, "--root", root, "exec", "--process", proc, cid],
                                stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
             failed += p.returncode != 0
@@ -178,7 +178,7 @@ def execs(n: int, step: int) -> dict[str, Any]:
         subprocess.run([EXECGATE, "--root", root, "delete", "--force", cid],
                        capture_output=True, timeout=600)
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"mode": "execs", "n": n, "file_kib": FILE_KIB, "failed": failed,
+    return {"mode": "execs", "n": n, "file_kib": kib, "failed": failed,
             "samples": samples, "final": final,
             "container_cgroup_left": os.path.exists(cg)}
 
@@ -192,10 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the file each call leaves (KiB)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
-    global FILE_KIB
-    FILE_KIB = a.file_kib
     step = a.step or max(1, a.n // 20)
-    result = (execs if a.mode == "execs" else churn)(a.n, step)
+    result = (execs if a.mode == "execs" else churn)(a.n, step, a.file_kib)
     result["kernel"] = os.uname().release
     text = json.dumps(result, indent=1)
     if a.out:
