@@ -50,7 +50,8 @@ def wait_readable(fd: int, timeout: float | None = None) -> bool:
 
 
 def wait_empty(cg: str, on_oom: Callable[[], None] | None = None) -> None:
-    """Block until the cgroup has no tasks (or is gone).
+    """Block until the cgroup has no tasks (or is gone: runc's delete removes a container's
+    cgroups, ours included, and an open cgroup file then reads as ENODEV).
 
     With on_oom, memory.events is watched too and on_oom runs as soon as the kernel OOM-kills
     in the call: the note then reaches the stream before the engine sees the call exit (a TTY
@@ -72,16 +73,20 @@ def wait_empty(cg: str, on_oom: Callable[[], None] | None = None) -> None:
         if mem is not None:
             p.register(mem, select.POLLPRI | select.POLLERR)
         while True:
-            if mem is not None and on_oom is not None:
-                os.lseek(mem, 0, os.SEEK_SET)
-                events = dict(line.split() for line in os.read(mem, 4096).decode().splitlines())
-                if int(events.get("oom_kill", 0)) or int(events.get("oom_group_kill", 0)):
-                    on_oom()
-                    p.unregister(mem)
-                    os.close(mem)
-                    mem = None
-            os.lseek(fd, 0, os.SEEK_SET)
-            data = os.read(fd, 4096).decode()
+            try:
+                if mem is not None and on_oom is not None:
+                    os.lseek(mem, 0, os.SEEK_SET)
+                    events = dict(line.split()
+                                  for line in os.read(mem, 4096).decode().splitlines())
+                    if int(events.get("oom_kill", 0)) or int(events.get("oom_group_kill", 0)):
+                        on_oom()
+                        p.unregister(mem)
+                        os.close(mem)
+                        mem = None
+                os.lseek(fd, 0, os.SEEK_SET)
+                data = os.read(fd, 4096).decode()
+            except OSError:  # removed under us: nothing is left in it
+                return
             if "populated 0" in data:
                 return
             p.poll(5000)  # kernfs notifies; the timeout only guards against a lost wakeup
