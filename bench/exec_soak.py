@@ -153,7 +153,10 @@ def execs(n: int, step: int, kib: int = FILE_KIB) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="soak-", dir="/var/tmp")  # on disk, as an image's layers are
     root = os.path.join(tmp, "root")
     b = _bundle(tmp, cid)
-    _rt(root, "create", "--bundle", b, cid, quiet=True)
+    # --pid-file as an engine passes it: without it execgate cannot find init, and the container
+    # runs unmanaged (plain runc)
+    _rt(root, "create", "--bundle", b, "--pid-file", os.path.join(tmp, "init.pid"), cid,
+        quiet=True)
     cg = os.path.join(CGROOT, "execgate-soak", cid)
     samples: list[dict[str, Any]] = []
     failed = 0
