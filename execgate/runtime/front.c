@@ -652,8 +652,8 @@ static int load_record(const char *state_dir, const char *cid, int *managed, int
  * is the daemon's (common/protocol.py): a 4-byte big-endian length, then one msgpack map. Any
  * trouble before `queued` (no daemon, a refusal, a frame not understood, a deadline passed)
  * -> Python, which asks again and fails open as it always has; the daemon closing the socket,
- * or trouble after `queued` -> Python with DAEMON_LOST, which runs the call at once. The bounds on the wait are
- * runtime/admit.py's. */
+ * or trouble after `queued` -> Python with DAEMON_LOST, which runs the call at once. The bounds
+ * on the wait are runtime/admit.py's. */
 
 #define MAX_FRAME (1 << 20)
 #define SLACK_MS 5000
@@ -1001,6 +1001,21 @@ static int send_op(const struct front *f, const char *op, const char *config_pat
 	return fd;
 }
 
+/* The daemon's first answer to the request sent on fd (-1: none could be sent), by the
+ * deadline. No daemon, or no answer in time -> Python, which asks again and fails open (an
+ * exec with its watcher); a daemon that closed the socket on the request (it died) -> Python
+ * with DAEMON_LOST: asked again, a restarted daemon queued the call anew (VM: 104 s). */
+static void first_answer(int fd, long long deadline, struct answer *a)
+{
+	if (fd < 0)
+		python();
+	if (read_answer(fd, deadline, a))
+		return;
+	if (peer_closed)
+		python_daemon_lost();
+	python();
+}
+
 /* The managed exec, through the daemon: becomes runc with the daemon's argv, or Python. */
 static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 						      const char *config_path, const char *real)
@@ -1009,13 +1024,7 @@ static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 	long long t0 = now_ms();
 	int fd = send_op(f, "exec", config_path);
 
-	if (fd < 0)
-		python(); /* no daemon: the runtime fails open, with its watcher */
-	if (!read_answer(fd, t0 + f->daemon_timeout_ms, &a)) {
-		if (peer_closed) /* it took the request and died: asked again, a restarted */
-			python_daemon_lost(); /* daemon queued the call anew (VM: 104 s) */
-		python();
-	}
+	first_answer(fd, t0 + f->daemon_timeout_ms, &a);
 	if (!a.argv) {
 		if (!a.queued)
 			python();
@@ -1070,13 +1079,7 @@ static void __attribute__((noreturn)) lifecycle_via_daemon(const struct front *f
 	struct answer a;
 	int fd = send_op(f, "lifecycle", config_path);
 
-	if (fd < 0)
-		python();
-	if (!read_answer(fd, now_ms() + f->daemon_timeout_ms, &a)) {
-		if (peer_closed)
-			python_daemon_lost();
-		python();
-	}
+	first_answer(fd, now_ms() + f->daemon_timeout_ms, &a);
 	if (!a.run && a.queued) { /* a create waits for its sandbox's admission */
 		double wait = a.max_wait_s > 0 ? (a.max_wait_s < 1e6 ? a.max_wait_s : 1e6) : 0;
 		if (!read_answer(fd, now_ms() + (long long)(wait * 1000) + SLACK_MS, &a))
