@@ -69,9 +69,12 @@ def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None],
     if not container.is_prepared(cg):
         log.warning(f"exec in {cid}: {cg} lacks init/; running unmanaged")
         return None
-    if not _places_execs(cfg, runtime):
-        log.warning(f"exec in {cid}: the runtime ({runtime or cfg.runtime[0]}) has no "
-                    "`exec --cgroup`: running unmanaged (runc >= 1.1 has it)")
+    from execgate.oci import exec_cgroup
+
+    real = runtime or _found_runtime(cfg.runtime)
+    if real is not None and not exec_cgroup.supported(real, cfg.state_dir):
+        log.warning(f"exec in {cid}: the runtime {real} has no `exec --cgroup`: running "
+                    "unmanaged (runc >= 1.1 has it)")
         return None
     spec = None
     if flags.get("process"):
@@ -90,15 +93,21 @@ def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None],
     return Plan(inv, flags, rec, spec, call)
 
 
-def _places_execs(cfg: Config, runtime: str | None) -> bool:
-    from execgate.oci import exec_cgroup, runc
+_found: dict[tuple[str, ...], str | None] = {}  # configured candidates -> the real runtime
 
-    if runtime is None:
+
+def _found_runtime(candidates: tuple[str, ...]) -> str | None:
+    """The real runtime for a caller that has not resolved it (the daemon's exec op, on every
+    call: found once per configured list); None when none is found: the caller's own runtime
+    decides then."""
+    if candidates not in _found:
+        from execgate.oci import runc
+
         try:
-            runtime = runc.find(cfg.runtime)
+            _found[candidates] = runc.find(candidates)
         except runc.RuntimeNotFound:
-            return True  # the caller's own runtime decides; nothing to ask here
-    return exec_cgroup.supported(runtime, cfg.state_dir)
+            return None
+    return _found[candidates]
 
 
 def place(cfg: Config, p: Plan, log: RuncLog) -> list[str]:

@@ -6,17 +6,21 @@ execgate asks the runtime's own `exec --help` once per binary, and where the fla
 every exec passes through as it is (logged: the calls run unmanaged). The answer is kept in
 the state directory, keyed by the binary's path and stat: an upgraded runtime is asked again.
 A runtime that gives no readable help (a timeout, a crash) is not held against it: nothing is
-kept, the flag is assumed, and it is asked again next time.
+kept, the flag is assumed, and it is asked again next time. A long-lived caller (the daemon's
+exec op, on every call) also keeps the answer in memory: one stat per call.
 """
 
 from __future__ import annotations
 
 import os
 
+from execgate.common import config
+
 from . import runc
 
 DIR = "runtime-probe"
 TIMEOUT_S = 10.0
+_known: dict[str, tuple[str, bool]] = {}  # runtime -> (its stat key, the answer)
 
 
 def _key(st: os.stat_result) -> str:
@@ -33,25 +37,24 @@ def supported(runtime: str, state_dir: str) -> bool:
         key = _key(os.stat(runtime))
     except OSError:
         return True  # the exec fails on its own, as runc would
+    known = _known.get(runtime)
+    if known is not None and known[0] == key:
+        return known[1]
     path = _file(state_dir, runtime)
+    answer = None
     try:
         with open(path) as f:
             kept_key, _, verdict = f.read().strip().rpartition(" ")
         if kept_key == key and verdict in ("0", "1"):
-            return verdict == "1"
+            answer = verdict == "1"
     except OSError:
         pass
-    answer = ask(runtime)
     if answer is None:
-        return True
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(f"{key} {int(answer)}\n")
-        os.replace(tmp, path)
-    except OSError:
-        pass  # asked again next time
+        answer = ask(runtime)
+        if answer is None:
+            return True
+        config.replace_file(path, f"{key} {int(answer)}\n".encode())  # else asked again
+    _known[runtime] = (key, answer)
     return answer
 
 
