@@ -30,21 +30,13 @@ import tempfile
 import time
 from typing import Any
 
+from execgate.cgroups import container, v2
+
 CGROOT = "/sys/fs/cgroup"
 EXECGATE = "/usr/local/bin/execgate"
 JOURNAL = "/var/lib/execgate/calls.jsonl"
 IMAGE = "execgate-test:latest"
 FILE_KIB = 64  # each call's new file (--file-kib)
-
-
-def _stat(cg: str) -> dict[str, int]:
-    with open(os.path.join(cg, "cgroup.stat")) as f:
-        return {k: int(v) for k, v in (line.split() for line in f)}
-
-
-def _read_int(cg: str, name: str) -> int:
-    with open(os.path.join(cg, name)) as f:
-        return int(f.read().split()[0])
 
 
 def _journal_lines() -> int:
@@ -55,12 +47,14 @@ def _journal_lines() -> int:
         return 0
 
 
+def _dying(cg: str) -> int:
+    return v2.read_keyed(cg, "cgroup.stat").get("nr_dying_descendants", 0)
+
+
 def _sample(i: int, cg: str, t0: float, journal0: int | None) -> dict[str, Any]:
-    s = _stat(cg)
-    tools = sum(1 for e in os.scandir(cg) if e.is_dir() and e.name.startswith("tool-"))
-    out = {"calls": i, "s": round(time.monotonic() - t0, 1),
-           "dying": s.get("nr_dying_descendants", 0), "live_tool_cgroups": tools,
-           "memory_current": _read_int(cg, "memory.current")}
+    out = {"calls": i, "s": round(time.monotonic() - t0, 1), "dying": _dying(cg),
+           "live_tool_cgroups": len(container.tool_cgroups(cg)),
+           "memory_current": v2.read_int(cg, "memory.current")}
     if journal0 is not None:
         out["journaled"] = _journal_lines() - journal0
     print(json.dumps(out), flush=True)
@@ -114,7 +108,7 @@ def churn(n: int, step: int, kib: int = FILE_KIB) -> dict[str, Any]:
             if e.is_dir():
                 os.rmdir(e.path)
         time.sleep(1)
-        after = _stat(parent).get("nr_dying_descendants", 0)
+        after = _dying(parent)
         os.rmdir(parent)
     return {"mode": "churn", "n": n, "file_kib": kib, "samples": samples,
             "mkdir_refused": refused, "dying_after_files_removed": after}
