@@ -10,8 +10,9 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from conftest import (
@@ -64,23 +65,28 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         docker("rm", cid)
     subprocess.run(["runc", "spec"], cwd=b, check=True)
-    with open(os.path.join(b, "config.json")) as f:
-        spec = json.load(f)
-    spec["process"]["terminal"] = False
-    spec["process"]["args"] = ["sleep", "inf"]
-    spec["root"]["readonly"] = False
-    with open(os.path.join(b, "config.json"), "w") as f:
-        json.dump(spec, f)
+
+    def sleeper(spec: dict[str, Any]) -> None:
+        spec["process"].update(terminal=False, args=["sleep", "inf"])
+        spec["root"]["readonly"] = False
+
+    _edit_spec(b, sleeper)
     yield b
 
 
-def _set_cgroup(bundle: str, cid: str) -> None:
+def _edit_spec(bundle: str, edit: Callable[[dict[str, Any]], object]) -> None:
+    """The bundle's config.json, changed in place by edit."""
     path = os.path.join(bundle, "config.json")
     with open(path) as f:
         spec = json.load(f)
-    spec["linux"]["cgroupsPath"] = f"/{PARENT}/{cid}"  # cgroupfs driver: a plain path
+    edit(spec)
     with open(path, "w") as f:
         json.dump(spec, f)
+
+
+def _set_cgroup(bundle: str, cid: str) -> None:
+    # cgroupfs driver: a plain path
+    _edit_spec(bundle, lambda spec: spec["linux"].update(cgroupsPath=f"/{PARENT}/{cid}"))
 
 
 def _own_bundle(bundle: str, tmp: str, cid: str) -> str:
@@ -228,12 +234,7 @@ def _started(root: str, bundle: str, tmp: str, cid: str, args: list[str] | None 
     """cid created and started from a bundle of its own (args: its process's); the bundle."""
     own = _own_bundle(bundle, tmp, cid)
     if args:
-        path = os.path.join(own, "config.json")
-        with open(path) as f:
-            spec = json.load(f)
-        spec["process"]["args"] = args
-        with open(path, "w") as f:
-            json.dump(spec, f)
+        _edit_spec(own, lambda spec: spec["process"].update(args=args))
     rt(root, "create", "--bundle", own, "--pid-file", os.path.join(own, "pid"), cid)
     rt(root, "start", cid)
     return own
@@ -247,12 +248,8 @@ def test_a_host_pid_namespace_container_whose_init_is_gone(bundle: str,
     (tool cgroup, init/, record, watcher) is left behind (issue 21, item 11)."""
     root, tmp, cid = str(tmp_path) + "/root", str(tmp_path), "hostpid-init-gone"
     own = _own_bundle(bundle, tmp, cid)
-    path = os.path.join(own, "config.json")
-    with open(path) as f:
-        spec = json.load(f)
-    spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != "pid"]
-    with open(path, "w") as f:
-        json.dump(spec, f)
+    _edit_spec(own, lambda spec: spec["linux"].update(
+        namespaces=[n for n in spec["linux"]["namespaces"] if n["type"] != "pid"]))
     rt(root, "create", "--bundle", own, "--pid-file", os.path.join(own, "pid"), cid)
     cg = os.path.join(CGROOT, PARENT, cid)
     try:
@@ -273,17 +270,8 @@ def test_a_host_pid_namespace_container_whose_init_is_gone(bundle: str,
         _gone(root, cid)
     wait_for(lambda: not os.path.exists(cg), what="the container's cgroup to be removed")
     assert not os.path.exists(os.path.join(STATE_DIR, "containers", cid + ".json"))
-    try:
-        entry = wait_for(lambda: [e for e in journal_for(cid)
-                                  if e.get("argv") == ["sleep", "601"]],
-                         timeout=60, what="the killed call's journal entry")[0]
-    except AssertionError:
-        ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True,
-                            text=True).stdout
-        log = subprocess.run(["journalctl", "-u", "execgated", "-n", "30", "--no-pager"],
-                             capture_output=True, text=True).stdout
-        raise AssertionError(f"no journal line: exec op {daemon_view().get('exec')}\n{ps}\n"
-                             f"{log}") from None
+    entry = wait_for(lambda: [e for e in journal_for(cid) if e.get("argv") == ["sleep", "601"]],
+                     timeout=60, what="the killed call's journal entry")[0]
     assert entry.get("exit_code") != 0, entry
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert not [line for line in ps.splitlines() if "sleep 601" in line]
@@ -297,13 +285,9 @@ def test_a_kubernetes_pod_cgroup_under_the_systemd_driver(bundle: str, tmp_path:
     root, tmp, cid = str(tmp_path) + "/root", str(tmp_path), "k8s-systemd"
     pod = f"kubepods-burstable-pod{os.getpid():08x}.slice"
     own = _own_bundle(bundle, tmp, cid)
-    path = os.path.join(own, "config.json")
-    with open(path) as f:
-        spec = json.load(f)
-    spec["linux"]["cgroupsPath"] = f"{pod}:cri-containerd:{cid}"
-    spec["linux"]["resources"] = {"memory": {"limit": 64 * 1024 * 1024}}
-    with open(path, "w") as f:
-        json.dump(spec, f)
+    _edit_spec(own, lambda spec: spec["linux"].update(
+        cgroupsPath=f"{pod}:cri-containerd:{cid}",
+        resources={"memory": {"limit": 64 * 1024 * 1024}}))
     cg = os.path.join(CGROOT, "kubepods.slice", "kubepods-burstable.slice", pod,
                       f"cri-containerd-{cid}.scope")
     rt(root, "--systemd-cgroup", "create", "--bundle", own, "--pid-file",
@@ -383,12 +367,8 @@ def test_preserved_fds_reach_the_container_through_create_and_exec(bundle: str,
     with open(secret, "w") as f:
         f.write("preserved\n")
     own = _own_bundle(bundle, tmp, cid)
-    path = os.path.join(own, "config.json")
-    with open(path) as f:
-        spec = json.load(f)
-    spec["process"]["args"] = ["sh", "-c", "cat <&3 > /tmp/fd3.init; exec sleep inf"]
-    with open(path, "w") as f:
-        json.dump(spec, f)
+    _edit_spec(own, lambda spec: spec["process"].update(
+        args=["sh", "-c", "cat <&3 > /tmp/fd3.init; exec sleep inf"]))
     with_fd3 = ["sh", "-c", 'exec 3<"$1"; shift; exec "$@"', "sh", secret, EXECGATE,
                 "--root", root]
     try:
