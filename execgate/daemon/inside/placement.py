@@ -96,13 +96,13 @@ class Placement(AgentsState):
         self.stats["placed"] += 1
         stderr = procfs.take_stderr(m.tgid)
         tty = stderr is not None and os.isatty(stderr)
-        argv = procfs.nul_list(f"/proc/{m.tgid}/cmdline")
+        argv, environ = procfs.exec_image(m.tgid)
         if not argv:  # it ended already: no command line left, but a zombie keeps its name
             short = procfs.comm(m.tgid) or name_early
             argv = [short] if short else []
         name = os.path.basename(tool)
         call = ToolCall(name, box.cid, box.sandbox, tool, argv, tty=tty,
-                        hint=self._hint(m.tgid, box, stderr, tty),
+                        hint=self._hint(environ, box, stderr, tty),
                         oom_score_adj=self.cfg.tool_oom_score_adj,
                         arrival=time.time() - (moved_ns - m.exec_ns) / 1e9)
         call.redact = self.cfg.redact_commands
@@ -131,10 +131,11 @@ class Placement(AgentsState):
         assert self.loop is not None
         self.loop.call_soon(self._replenish, box)
 
-    def _hint(self, pid: int, box: Box, stderr: int | None, tty: bool) -> dict[str, Any] | None:
+    def _hint(self, environ: list[str], box: Box, stderr: int | None, tty: bool
+              ) -> dict[str, Any] | None:
         """The call's parsed hint (from its exec'd environment), clamped to the container's
         limit; a malformed one is reported once per sandbox and value, as for docker exec."""
-        raw = hints.pick(procfs.nul_list(f"/proc/{pid}/environ"), [])
+        raw = hints.pick(environ, [])
         return hint.resolve(raw, box.cgroup, box.sandbox, self.cfg.state_dir,
                             lambda why: log.warning("inside call in %s: %s", box.cid[:12], why),
                             lambda text: write_line(stderr, tty, text))

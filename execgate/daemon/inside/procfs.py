@@ -9,6 +9,7 @@ import ctypes
 import fcntl
 import os
 import stat
+import time
 
 from execgate.common.libc import libc
 
@@ -56,6 +57,37 @@ def nul_list(path: str) -> list[str]:
     except OSError:
         return []
     return [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")[:-1]]
+
+
+def state(pid: int) -> str | None:
+    """Its state letter (R, S, D, Z...), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return chr(data[data.rindex(b")") + 2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def exec_image(pid: int, within_s: float = 0.05) -> tuple[list[str], list[str]]:
+    """Its command line and environment, read as one program's.
+
+    A process caught inside execve has neither: the kernel switches it to the new program's
+    memory before it writes the arguments there, and until then /proc reads both as empty (a
+    call placed in that window lost its hint: `sh -c 'memhog ...'` execs memhog a few ms after
+    its own exec, seen under TCG). A live process always has a command line once its exec is
+    done (the kernel gives an empty argv one empty argument), so while it reads empty, or
+    changes between two reads, wait a moment, at most `within_s`. A zombie's stays empty.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        argv = nul_list(f"/proc/{pid}/cmdline")
+        environ = nul_list(f"/proc/{pid}/environ")
+        if argv and nul_list(f"/proc/{pid}/cmdline") == argv:
+            return argv, environ
+        if state(pid) in (None, "Z", "X") or time.monotonic() >= deadline:
+            return argv, environ
+        time.sleep(0.0005)
 
 
 def memory_status(pid: int) -> dict[str, int]:
