@@ -152,7 +152,8 @@ class Engine:
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
                                  settings.pressure, cfg.tool_oom_score_adj)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
-        self.ended: dict[str, tuple[float, str]] = {}  # done, journal line to come: (when, box)
+        # done, journal line to come: (when, the call, how long it ran since admitted)
+        self.ended: dict[str, tuple[float, LiveCall, float]] = {}
         # bcc probes (OOM attribution, page faults); started by the daemon, after its socket
         self.probes = ProbeMonitor(settings.daemon.probes, self.events, cfg.state_dir,
                                    settings.daemon.oom_record, clock)
@@ -488,7 +489,8 @@ class Engine:
             return
         ended = self.ended.pop(cid, None)
         if ended is not None:  # released at its watcher's `done`: now we know how it ended
-            self._publish_finished(cid, ended[1], entry)
+            self._learn_end(ended[1], entry, ended[2])
+            self._publish_finished(cid, ended[1].container, entry)
         else:
             self._finish(cid, entry)
 
@@ -511,18 +513,26 @@ class Engine:
         call = self.calls.pop(cid, None)
         if call is None:
             return
+        self.files.forget(call.cgroup)
+        self.admission.release(cid)
+        self.residency.touch(call.container)
+        ran = self.clock() - call.admitted_at
+        if journal_to_come:  # what it peaked at is learned from its line
+            self.ended[cid] = (self.clock(), call, ran)
+        else:
+            self._learn_end(call, entry, ran)
+            self._publish_finished(cid, call.container, entry)
+
+    def _learn_end(self, call: LiveCall, entry: dict[str, Any] | None, ran: float) -> None:
+        """What an ended call teaches from its journal line: how long it took to peak (the
+        idle room) and its peak x how long it ran (its sandbox's call load). A call released
+        at its watcher's `done` learns when its line is read: learning at `done`, with no
+        line yet, lost both for nearly every call."""
         peak = entry.get("memory_peak") if entry else None
         if isinstance(peak, int) and call.rise:  # how long it took to peak, for the idle room
             self.idle_room.peak_times.observe(time_to_peak(call.rise, call.rise[0][0], peak),
                                               peak)
-        self.files.forget(call.cgroup)
-        self.admission.release(cid)
-        self.residency.touch(call.container)
-        self.sandboxes.call_ended(call.container, entry.get("memory_peak") if entry else None)
-        if journal_to_come:
-            self.ended[cid] = (self.clock(), call.container)
-        else:
-            self._publish_finished(cid, call.container, entry)
+        self.sandboxes.call_ended(call.container, peak, ran)
 
     def _publish_finished(self, cid: str, container: str, entry: dict[str, Any] | None) -> None:
         self.events.publish(
@@ -536,10 +546,10 @@ class Engine:
     def _expire_ended(self) -> None:
         """Calls done whose journal line never came (their watcher died after `done`)."""
         now = self.clock()
-        for cid, (since, box) in list(self.ended.items()):
+        for cid, (since, call, _ran) in list(self.ended.items()):
             if now - since > JOURNAL_LINE_S:
                 del self.ended[cid]
-                self._publish_finished(cid, box, None)
+                self._publish_finished(cid, call.container, None)
 
     # -- views ---------------------------------------------------------------------------------
 

@@ -359,15 +359,21 @@ def test_a_failing_store_or_stage_does_not_stop_the_rest_of_the_tick(tmp_path: P
 def test_a_call_done_before_its_journal_line_finishes_with_its_outcome(tmp_path: Path) -> None:
     """The watcher sends `done` before it writes the journal line: the call's charge goes at
     once, and its `finished` event waits for the line that says how it ended (every call was
-    counted `vanished` before). A line that never comes is published as vanished later."""
+    counted `vanished` before). A line that never comes is published as vanished later. What
+    the line teaches (the sandbox's call peak and load) is learned then: learned at `done`,
+    without the line, it was lost for nearly every call."""
     from execgate.daemon.engine import JOURNAL_LINE_S
+    from execgate.daemon.sandboxes import Box
 
     async def scenario() -> None:
         eng, clock, journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
         q = eng.events.subscribe()
+        box = eng.sandboxes.boxes["c"] = Box("c", "/nope", "img", clock.t)
+        eng.sandboxes._rescan = lambda now, calls: None  # no records here: it stays live
         eng.tick()
         for i in (1, 2):
             assert eng.submit(_admit_msg(i, 100 * MiB))[1].done()
+            clock.t += 2.0
             eng.done(f"tool-{i}")
         assert eng.admission.snapshot()["running"] == []
         with open(journal, "a") as f:
@@ -384,5 +390,6 @@ def test_a_call_done_before_its_journal_line_finishes_with_its_outcome(tmp_path:
                 finished[e["call"]] = e
         assert finished["tool-1"]["exit_code"] == 0 and not finished["tool-1"]["vanished"]
         assert finished["tool-2"]["vanished"] and eng.ended == {}
+        assert box.call_peak == 90 * MiB and box.call_area == 90 * MiB * 2.0, box
 
     asyncio.run(scenario())
