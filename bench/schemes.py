@@ -123,8 +123,15 @@ NO_SWAP = replace(EXECGATE, name="execgate-noswap", family="execgate-noswap", us
                   daemon_tables={"residency": {"swap_max": 0}},
                   description="ablation: execgated, its sandboxes kept out of swap "
                               "(memory.swap.max = 0) at a swap-on point")
+# Sandbox admission as it was before 3 Dec: one call's room, not the live sandboxes' call
+# load, and a baseline set aside only until the sandbox's first call.
+ONE_CALL = replace(EXECGATE, name="execgate-onecall", family="execgate-onecall",
+                   daemon_tables={"sandbox_admission": {"count_call_load": False,
+                                                        "reserve_growth": False}},
+                   description="ablation: sandbox admission sets aside one call's room and a "
+                               "baseline until the first call (the rule before 3 Dec)")
 _ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION, NO_GROWTH, NO_RESIDENCY, NO_SANDBOX_ADMISSION,
-                                  NO_SWAP)
+                                  NO_SWAP, ONE_CALL)
 
 SCHEMES: dict[str, Scheme] = {
     s.name: s for s in (EAGER, EAGER_SWAP, STATIC, RESERVE, AGENTCGROUP, EXECGATE, *_ABLATIONS)

@@ -171,6 +171,8 @@ class ExecgateHands:
         self.box_waiting: dict[str, int | None] = {}  # queued creates: their first call's peak
         self.next_peak: dict[str, int] = {}  # live sandbox -> predicted peak of its queued call
         self.box_peaks: dict[str, int] = {}  # live sandbox -> largest call peak so far
+        # live sandbox -> (started, its calls' peak x duration so far): its call load
+        self.box_load: dict[str, tuple[float, float]] = {}
         self.sandbox_waits: list[float] = []
         self.sandbox_fail_open = 0
         self._box_calls: dict[str, int] = {}  # sandbox -> its submitted, unreleased calls
@@ -273,6 +275,7 @@ class ExecgateHands:
                 self.box_waiting.pop(d.sandbox_id, None)
                 self.sandbox_waits.append(d.waited_s)
                 self.sandbox_fail_open += d.verdict is _sa.Verdict.FAIL_OPEN
+                self.box_load[d.sandbox_id] = (self.clock(), 0.0)
                 go.append(d.sandbox_id)
         return go
 
@@ -285,8 +288,11 @@ class ExecgateHands:
         self.reclaimed.discard(box.id)
         if self.sandboxes is None:
             return
+        started, area = self.box_load.pop(box.id, (None, 0.0))
+        life = None if started is None else self.clock() - started
         self.sandboxes.finished(box.id, "bench", box.baseline + box.retained,
-                                self.box_peaks.pop(box.id, None))
+                                self.box_peaks.pop(box.id, None),
+                                int(area / life) if life and life > 0 else None)
         self.next_peak.pop(box.id, None)
 
     # -- the runtime's requests ----------------------------------------------------------------
@@ -333,6 +339,10 @@ class ExecgateHands:
             if call is not None:
                 self.box_peaks[info.sandbox] = max(self.box_peaks.get(info.sandbox, 0),
                                                    int(call.shown_peak))
+                load = self.box_load.get(info.sandbox)
+                if load is not None:  # the daemon's: peak x (end - admission)
+                    ran = max(call.last - call.started, 0.0)
+                    self.box_load[info.sandbox] = (load[0], load[1] + call.shown_peak * ran)
         if call is not None and call.shown_peak > 0:  # the watcher's memory.peak
             run = max(call.last - call.started, 1e-6)
             self.estimator.observe(info, Outcome(peak_bytes=int(call.shown_peak),

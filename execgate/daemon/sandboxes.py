@@ -94,6 +94,7 @@ class Box:
     created: float  # on the daemon's clock
     baseline: int = 0  # bytes outside calls: max(resident before its first call, init peak)
     call_peak: int | None = None  # the largest tool-call peak seen in it
+    call_area: float = 0.0  # its calls' peak x duration, summed: its call load over its life
     called: bool = False  # a tool call has come: its resident bytes include calls' leftovers
 
 
@@ -183,10 +184,12 @@ class Sandboxes:
         if box is not None:
             box.called = True
 
-    def call_ended(self, cid: str, peak: object) -> None:
+    def call_ended(self, cid: str, peak: object, ran_s: float = 0.0) -> None:
+        """A call of sandbox `cid` ended: its peak, and how long it ran since admitted."""
         box = self.boxes.get(cid)
         if box is not None and isinstance(peak, int):
             box.call_peak = max(box.call_peak or 0, peak)
+            box.call_area += peak * max(ran_s, 0.0)
 
     # -- every control period ------------------------------------------------------------------
 
@@ -283,15 +286,18 @@ class Sandboxes:
             if box is None:
                 created = now - max(time.time() - float(rec.get("created") or 0), 0.0)
                 box = self.boxes[cid] = Box(cid, cg, str(rec.get("image") or "default"), created)
+                self.policy.live(cid, box.image)  # started before this daemon: its load counts
             box.cgroup = cg  # a restarted container may have a new one
             self._measure(box, in_calls.get(cid, 0))
         for cid in set(self.boxes) - seen:
             box = self.boxes.pop(cid)
-            self.policy.finished(cid, box.image, box.baseline or None, box.call_peak)
+            life = now - box.created
+            load = int(box.call_area / life) if box.call_peak is not None and life > 0 else None
+            self.policy.finished(cid, box.image, box.baseline or None, box.call_peak, load)
             if box.baseline:
                 self._save_learned()
             self.events.publish("finished", of="sandbox", sandbox=cid, image=box.image,
-                                baseline=box.baseline, call_peak=box.call_peak)
+                                baseline=box.baseline, call_peak=box.call_peak, call_load=load)
 
     @staticmethod
     def _measure(box: Box, in_calls: int) -> None:

@@ -118,6 +118,25 @@ def test_a_create_waits_for_room_and_starts_when_a_sandbox_leaves(
         assert f"sandbox {cid[:12]} waited" in logged.stdout, logged.stdout[-2000:]
 
 
+def test_a_finished_sandbox_teaches_its_images_call_load(containers: Containers) -> None:
+    """A sandbox's calls, peak x duration over its life, become its image's call load: what
+    each live sandbox of that image is expected to hold in calls at any moment."""
+    with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait=100.0)):
+        cid = containers.run("--cgroup-parent", SLICE)
+        out = docker("exec", cid, "memload", "--peak-mib", "40", "--duration", "4", "--hold", "3")
+        assert out.returncode == 0, out
+        time.sleep(2)  # a life longer than its call: its load is a fraction of the peak
+        docker("rm", "-f", cid)
+        containers.ids.remove(cid)
+
+        def learned() -> dict | None:
+            images = _admission()["images"]
+            return next((v for v in images.values() if v.get("call_load_bytes")), None)
+        image = wait_for(learned, timeout=60, interval=0.5, what="the image's call load")
+        print(f"learned: {image}")
+        assert 0 < image["call_load_bytes"] < 40 * MiB, image
+
+
 def test_an_expired_wait_and_a_dead_daemon_let_creates_through(containers: Containers) -> None:
     with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait=10.0)):
         _fill(containers)

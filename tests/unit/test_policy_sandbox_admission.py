@@ -182,7 +182,8 @@ def test_default_wait_is_below_kubelets_runtime_request_timeout() -> None:
 
 
 def test_an_admitted_sandbox_counts_its_predicted_baseline_until_settled() -> None:
-    adm, clock = make()
+    """The rule without reserve_growth: the prediction counts until the first call."""
+    adm, clock = make(dataclasses.replace(CFG, reserve_growth=False))
     adm.submit(SandboxRequest("a", "py"))
     adm.step(snap())
     adm.submit(SandboxRequest("b", "py"))
@@ -217,8 +218,9 @@ def test_a_starting_sandbox_counts_only_the_baseline_it_has_yet_to_allocate() ->
 
 def test_swap_absorbs_arriving_baselines_over_a_learned_start() -> None:
     """With swap, a baseline needs room only for its arrival: what swap-out moves during a start
-    (its bandwidth over the measured start time, within swap's free room) is not counted."""
-    adm, clock = make(dataclasses.replace(CFG, default_start_s=0.0))
+    (its bandwidth over the measured start time, within swap's free room) is not counted.
+    (Without reserve_growth: a settled sandbox counts what it holds.)"""
+    adm, clock = make(dataclasses.replace(CFG, default_start_s=0.0, reserve_growth=False))
     adm.submit(SandboxRequest("a", "py"))
     adm.step(snap())
     adm.submit(SandboxRequest("b", "py"))
@@ -284,7 +286,8 @@ def test_baseline_is_a_high_quantile_of_a_bounded_window() -> None:
     for mib in (900, 100, 200, 300, 400):  # 900 falls out of the window of 4
         model.observe("py", mib * MiB)
     assert model.predict("py").baseline_bytes == 300 * MiB
-    assert model.snapshot()["py"] == {"finished": 4, "baseline_bytes": 300 * MiB}
+    assert model.snapshot()["py"] == {"finished": 4, "baseline_bytes": 300 * MiB,
+                                      "call_load_bytes": 0}
     assert high_quantile([5, 1, 3], 1.0) == 5 and high_quantile([5, 1, 3], 0.01) == 1
 
 
@@ -344,15 +347,22 @@ def test_the_history_exports_and_restores_whole_within_its_bounds() -> None:
     cfg = SandboxAdmissionConfig(history_window=2, max_images=2)
     model = BaselineModel(cfg)
     for image, base, peak in (("a", 10, None), ("a", 20, 5), ("a", 30, 7), ("b", 40, 9)):
-        model.observe(image, base * MiB, None if peak is None else peak * MiB)
+        mib = None if peak is None else peak * MiB
+        model.observe(image, base * MiB, mib, None if mib is None else mib // 2)
     again = BaselineModel(cfg)
     again.restore(model.export())
     assert again.export() == model.export() == {
-        "a": {"baselines": [20 * MiB, 30 * MiB], "call_peaks": [5 * MiB, 7 * MiB]},
-        "b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB]}}
+        "a": {"baselines": [20 * MiB, 30 * MiB], "call_peaks": [5 * MiB, 7 * MiB],
+              "call_loads": [5 * MiB // 2, 7 * MiB // 2]},
+        "b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB], "call_loads": [9 * MiB // 2]}}
+    assert again.call_load("a") == 3 * MiB
     bounded = BaselineModel(SandboxAdmissionConfig(history_window=1, max_images=1))
     bounded.restore(model.export())
-    assert bounded.export() == {"b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB]}}
+    assert bounded.export() == {"b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB],
+                                      "call_loads": [9 * MiB // 2]}}
+    older = BaselineModel(cfg)  # a file written before call loads were kept
+    older.restore({"a": {"baselines": [20 * MiB], "call_peaks": [5 * MiB]}})
+    assert older.call_load("a") == 0 and older.predict("a").baseline_bytes == 20 * MiB
 
 
 def test_starts_only_step_decides_as_the_full_step_and_snapshot_says_the_same() -> None:
@@ -386,3 +396,118 @@ def test_starts_only_step_decides_as_the_full_step_and_snapshot_says_the_same() 
         clock.t += rng.choice((0.1, 1.0, 30.0))
     assert lazy.snapshot() == full.snapshot()
     assert full.snapshot()["totals"]["fail-open"] > 0 and full.snapshot()["totals"]["admitted"] > 0
+
+
+def _learn_load(adm: SandboxAdmission, image: str, load: int) -> None:
+    """One finished sandbox of `image` whose calls averaged `load` bytes over its life."""
+    adm.finished(f"gone-{image}", image, 100 * MiB, 50 * MiB, load)
+
+
+def test_many_live_sandboxes_count_their_expected_calls_not_one_call() -> None:
+    """Ten live sandboxes whose calls average 100 MiB each over their lives expect ~1 GiB of
+    calls at once: more than any one call's 50 MiB peak, so that is what must fit."""
+    adm, _ = make()
+    _learn_load(adm, "py", 100 * MiB)
+    boxes = []
+    for i in range(10):
+        adm.submit(SandboxRequest(f"s{i}", "py"))
+        [d] = adm.step(snap(*boxes, budget=64 * GiB))
+        assert d.start
+        boxes.append(active(f"s{i}", 100 * MiB, peak=50 * MiB))
+    assert adm.call_load() == 1000 * MiB and adm.snapshot()["call_load_bytes"] == 1000 * MiB
+    adm.submit(SandboxRequest("new", "py"))
+    # pinned 10 x 100 MiB + baseline 100 MiB + the eleven's calls 1100 MiB = 2200 MiB
+    [d] = adm.step(snap(*boxes, budget=2199 * MiB))
+    assert d.verdict is Verdict.WAITING and d.need_bytes == 2200 * MiB, d
+    assert "call load 1.1 GiB (the live sandboxes" in d.reason, d.reason
+    [d] = adm.step(snap(*boxes, budget=2200 * MiB))
+    assert d.start
+    # Without the load term one call's room was all that counted: 1000 + 100 + 50 MiB.
+    off, _ = make(dataclasses.replace(CFG, count_call_load=False))
+    _learn_load(off, "py", 100 * MiB)
+    off.submit(SandboxRequest("new", "py"))
+    [d] = off.step(snap(*boxes, budget=64 * GiB))
+    assert d.need_bytes == 1150 * MiB and off.call_load() == 0
+
+
+def test_the_load_leaves_with_its_sandbox_and_counts_per_image() -> None:
+    adm, _ = make()
+    _learn_load(adm, "py", 100 * MiB)
+    _learn_load(adm, "go", 30 * MiB)
+    for sid, image in (("a", "py"), ("b", "py"), ("c", "go")):
+        adm.submit(SandboxRequest(sid, image))
+    adm.step(snap(budget=64 * GiB))
+    assert adm.call_load() == 230 * MiB
+    adm.finished("a", "py", 100 * MiB)
+    adm.cancel("c")
+    assert adm.call_load() == 100 * MiB
+    adm.live("d", "go")  # running before the daemon started
+    adm.live("d", "go")  # told again: counted once
+    assert adm.call_load() == 130 * MiB
+    _learn_load(adm, "go", 90 * MiB)  # the image's mean moves: (30 + 90) / 2
+    assert adm.call_load() == 160 * MiB
+
+
+def test_an_image_without_history_adds_no_load() -> None:
+    adm, _ = make()
+    for sid in ("a", "b"):
+        adm.submit(SandboxRequest(sid, "py"))
+    adm.step(snap(budget=64 * GiB))
+    assert adm.call_load() == 0
+    adm.finished("x", "py", 100 * MiB)  # a baseline, but no call load measured
+    assert adm.call_load() == 0
+
+
+def test_a_live_sandbox_keeps_the_rest_of_its_predicted_baseline_for_its_life() -> None:
+    """reserve_growth: its calls leave files and caches behind, up to the baseline its image's
+    sandboxes ended with; what it has not grown to yet stays set aside after its first call."""
+    adm, clock = make()
+    adm.finished("old", "py", 600 * MiB, 100 * MiB, 10 * MiB)  # they end with 600 MiB
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap(budget=8 * GiB))
+    clock.t += 5.0
+    adm.settled("a")  # its first call: 200 MiB so far
+    a = LiveSandbox("a", 200 * MiB, 0, None, 0)
+    adm.submit(SandboxRequest("b", "py"))
+    [d] = adm.step(snap(a, budget=8 * GiB))
+    # a: 200 MiB held + 400 still to come; b: 600 MiB; one call 100 MiB (learned)
+    assert d.need_bytes == (200 + 400 + 600 + 100) * MiB and d.start
+    assert adm.call_load() == 20 * MiB  # a's and b's
+    assert adm.snapshot()["starting"] == [
+        {"sandbox_id": "b", "baseline_bytes": 600 * MiB, "admitted_at": clock.t}]
+    assert adm.snapshot()["start_s"] == 5.0
+    clock.t += 600.0  # long after settle_s: still counted while it lives
+    a = LiveSandbox("a", 450 * MiB, 0, None, 0)
+    b = LiveSandbox("b", 100 * MiB, 0, None, 0)
+    adm.submit(SandboxRequest("c", "py"))
+    [d] = adm.step(snap(a, b, budget=8 * GiB))
+    assert d.need_bytes == (450 + 150 + 100 + 500 + 600 + 100) * MiB
+    # a finished: nothing of it counts; b and c, not live for settle_s (gone unreported, or
+    # their creates failed after admission): dropped, only d's own baseline and call count
+    adm.finished("a", "py", 600 * MiB)
+    adm.submit(SandboxRequest("d", "py"))
+    clock.t += 61.0
+    [d] = adm.step(snap(budget=8 * GiB))
+    assert d.need_bytes == (600 + 100) * MiB and adm.call_load() == 10 * MiB  # d's
+    assert [s["sandbox_id"] for s in adm.snapshot()["starting"]] == ["d"]
+
+
+def test_growth_still_to_come_is_absorbed_by_swaps_free_room() -> None:
+    """A settled sandbox grows over its life: with swap room to spare it goes there as it
+    comes (residency pushes idle memory out), so only what swap cannot take counts."""
+    adm, _ = make(dataclasses.replace(CFG, default_start_s=0.0))
+    adm.finished("old", "py", 600 * MiB)
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap(budget=8 * GiB))
+    adm.settled("a")
+    a = LiveSandbox("a", 200 * MiB, 0, None, 0)
+    adm.submit(SandboxRequest("b", "py"))
+    for free, growth in ((0, 400), (100 * MiB, 300), (GiB, 0)):
+        s = DomainSnapshot(8 * GiB, 0, (a,), (), 0, swap_free_bytes=free,
+                           swap_out_bytes_per_s=10.0 * MiB)
+        [d] = adm.step(s, waiting=True)
+        assert d.need_bytes == (200 + growth + 600 + 256) * MiB, (free, d.reason)
+        if growth:
+            assert f"({growth} MiB of it growth to come)" in d.reason, d.reason
+        adm.cancel("b")
+        adm.submit(SandboxRequest("b", "py"))
