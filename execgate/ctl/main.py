@@ -142,8 +142,9 @@ def print_sandbox_admission(sa: dict[str, Any]) -> None:
         return
     totals = sa.get("totals") or {}
     waiting = sa.get("waiting") or []
+    wait = sa.get("max_start_wait_s")
     print(f"sandbox admission: {'on' if sa.get('enabled') else 'off'} (max start wait "
-          f"{sa.get('max_start_wait_s')} s); {sa.get('live', 0)} live, "
+          f"{'unbounded' if wait is None else f'{wait} s'}); {sa.get('live', 0)} live, "
           f"{len(sa.get('starting') or [])} starting, {len(waiting)} waiting; admitted "
           f"{totals.get('admitted', 0)}, fail-open {totals.get('fail-open', 0)}, cancelled "
           f"{sa.get('cancelled', 0)}")

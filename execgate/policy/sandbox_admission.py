@@ -481,6 +481,7 @@ class SandboxAdmission:
         ahead: str | None = None  # the oldest sandbox still waiting
         within = f"budget - S {fmt(room)}"
         max_wait = f"{cfg.max_start_wait_s:g} s"
+        of_max = f" of {max_wait}" if math.isfinite(cfg.max_start_wait_s) else " (no bound)"
         def decide(entry: _Queued) -> SandboxDecision:
             """This step's verdict on one create; its reason is kept for snapshot()."""
             sid, pred = entry.request.sandbox_id, entry.prediction
@@ -508,7 +509,7 @@ class SandboxAdmission:
                     why = f"behind {ahead}, which came first (first in, first out); {terms}"
                 else:
                     why = f"{terms} > {within}, short {fmt(need - room)}"
-                reason = f"waiting {waited:.1f} s of {max_wait}: {why}"
+                reason = f"waiting {waited:.1f} s{of_max}: {why}"
             entry.reason = reason
             absorbs = min(absorbed, arriving + pred.baseline_bytes)
             return frozen(  # its __init__ costs, one per queued create per step
@@ -545,14 +546,16 @@ class SandboxAdmission:
         started sandboxes not yet at their baseline, totals, learned baselines."""
         now = self.clock()
         wait = self.config.max_start_wait_s
+        bounded = math.isfinite(wait)  # inf: no bound (JSON has no infinity: None says so)
         if self._later is not None:  # the reasons the last step left to be formatted
             self._later()
             self._later = None
         return {
-            "max_start_wait_s": wait,
+            "max_start_wait_s": wait if bounded else None,
             "waiting": [
                 {"sandbox_id": e.request.sandbox_id, "image": e.request.image,
-                 "waited_s": max(now - e.arrival, 0.0), "deadline": e.arrival + wait,
+                 "waited_s": max(now - e.arrival, 0.0),
+                 "deadline": e.arrival + wait if bounded else None,
                  "baseline_bytes": e.prediction.baseline_bytes,
                  "call_peak_bytes": e.prediction.call_peak_bytes,
                  "source": e.prediction.source, "reason": e.reason}

@@ -4,6 +4,8 @@ FIFO, always when nothing is live, fail open after max_start_wait_s; baselines l
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import random
 
 import pytest
@@ -511,3 +513,17 @@ def test_growth_still_to_come_is_absorbed_by_swaps_free_room() -> None:
             assert f"({growth} MiB of it growth to come)" in d.reason, d.reason
         adm.cancel("b")
         adm.submit(SandboxRequest("b", "py"))
+
+
+def test_an_unbounded_wait_never_fails_open_and_status_says_so() -> None:
+    """max_start_wait_s = inf (TOML): for engines that wait on a create as long as it takes
+    (Docker, Podman), creates queue under sustained overload instead of failing open."""
+    adm, clock = make(dataclasses.replace(CFG, max_start_wait_s=math.inf))
+    ticket = adm.submit(SandboxRequest("new", "py"))
+    assert ticket.deadline == math.inf
+    clock.t += 1e7
+    [d] = adm.step(snap(active("a", 2 * GiB), budget=2 * GiB))
+    assert d.verdict is Verdict.WAITING and d.reason.startswith("waiting 10000000.0 s (no bound):")
+    view = adm.snapshot()
+    assert view["max_start_wait_s"] is None and view["waiting"][0]["deadline"] is None
+    json.dumps(view, allow_nan=False)  # status is JSON: no infinity in it
