@@ -86,13 +86,16 @@ def _waiting() -> dict | None:
 
 def test_a_create_waits_for_room_and_starts_when_a_sandbox_leaves(
         containers: Containers) -> None:
-    with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait=100.0)):
+    """With no bound on the wait (`inf`, as for a Docker fleet under sustained overload)."""
+    with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait="inf")):
         filler = _fill(containers)
         t0 = time.monotonic()
         proc = _create(containers, "egsa-second")
         w = wait_for(_waiting, timeout=120, interval=0.5, what="the second create waiting")
         print(f"waiting: {w['reason']}")
         assert "short" in w["reason"] and w["baseline_bytes"] == 64 * MiB, w
+        assert "(no bound)" in w["reason"] and w["deadline"] is None, w
+        assert _admission()["max_start_wait_s"] is None
         time.sleep(3)  # it keeps waiting while the filler is there
         still = _waiting()
         assert proc.poll() is None and still and still["sandbox_id"] == w["sandbox_id"], still
