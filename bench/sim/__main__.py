@@ -153,7 +153,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
              f"{args.tick:g} s, {'hot' if args.hot_calls else 'cold'} calls, sandbox "
              "admission every "
              f"{args.sandbox_period:g} s, admission steps "
-             f"{'on every submit/release' if args.immediate else 'once per tick'}", "",
+             f"{'on every submit/release' if args.immediate else 'once per tick'}"
+             + ("" if args.start_wait is None else f", max start wait {args.start_wait:g} s"),
+             "",
              "| scheme | done | OOM kills | init kills | attempts | makespan s | P50 s | P95 s | "
              "peak mem | wall s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
              "---: | ---: |"]
@@ -162,6 +164,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _SHARED = (tasks, arrivals, budget, settings)
     cfgs = {s.name: bench_config({}, s, domain="/sim", admission_wait_s=args.admission_wait)
             if s.daemon or s.runtime == "execgate" else None for s in schemes}
+    for s in schemes:
+        if s.daemon and args.start_wait is not None:
+            cfgs[s.name].setdefault("sandbox_admission", {})["max_start_wait_s"] = args.start_wait
     first: dict[str, str] = {}  # run key -> the first scheme with it; the others share its run
     same = {s.name: first.setdefault(sim_schemes.run_key(s, cfgs[s.name]), s.name)
             for s in schemes}
@@ -304,6 +309,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--static-k", default="50,100,200")
     s.add_argument("--cost", default="hw", help="hw | none | fixed:RUN,EXEC,RM | RESULTS file")
     s.add_argument("--admission-wait", type=float, default=None)
+    s.add_argument("--start-wait", type=float, default=None,
+                   help="[sandbox_admission] max_start_wait_s (inf: creates wait as long as "
+                        "it takes, as Docker lets them)")
     s.add_argument("--swap", action="store_true", help="compressed swap (default off)")
     s.add_argument("--swap-ratio", type=float, default=3.0)
     s.add_argument("--zram", action="store_true", help="swap's compressed copies not charged to "
