@@ -628,10 +628,13 @@ class SandboxAdmission:
         for sid, start in starting.items():
             if sid in seen:
                 continue
-            if start.settled or now - start.admitted_at >= self.config.settle_s:
+            if now - start.admitted_at >= self.config.settle_s:
                 stale.append(sid)  # (reserve_growth only: the filter in step took the rest)
                 continue
-            arriving += start.prediction.baseline_bytes
+            if start.settled:  # its first call came before the daemon saw its record
+                growing += max(start.prediction.baseline_bytes - start.seen_bytes, 0)
+            else:
+                arriving += start.prediction.baseline_bytes
             peaks.append((start.prediction.call_peak_bytes, sid))
         for sid in stale:
             del starting[sid]

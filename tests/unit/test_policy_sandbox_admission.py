@@ -527,3 +527,20 @@ def test_an_unbounded_wait_never_fails_open_and_status_says_so() -> None:
     view = adm.snapshot()
     assert view["max_start_wait_s"] is None and view["waiting"][0]["deadline"] is None
     json.dumps(view, allow_nan=False)  # status is JSON: no infinity in it
+
+
+def test_a_sandbox_whose_first_call_comes_before_its_record_is_still_counted() -> None:
+    """The daemon sees a sandbox through its record, rescanned now and then; its first call
+    may come first. Until settle_s it counts whole (as growth to come), then, never seen,
+    it is taken for gone."""
+    adm, clock = make()
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap(budget=8 * GiB))
+    adm.settled("a")
+    adm.submit(SandboxRequest("b", "py"))
+    [d] = adm.step(snap(budget=8 * GiB))
+    assert d.need_bytes == (256 + 256 + 256) * MiB, d.reason
+    assert "(256 MiB of it growth to come)" in d.reason
+    clock.t += 60.0
+    adm.submit(SandboxRequest("c", "py"))
+    assert adm.step(snap(budget=8 * GiB))[0].need_bytes == (256 + 256) * MiB
