@@ -2,7 +2,9 @@
 
 The kernel logs every OOM kill twice: `oom-kill:constraint=…,oom_memcg=…,task_memcg=…,task=…,
 pid=…` (where the limit was hit, which cgroup the victim was in) and `Memory cgroup out of
-memory: Killed process PID (comm) … anon-rss:…kB … oom_score_adj:N`. Joined by pid, the victim's
+memory: Killed process PID (comm) … anon-rss:…kB … oom_score_adj:N`; a victim that was exiting
+already gets the first and `OOM victim PID (comm) is already exiting. Skip killing the task`
+instead of the second, and is no kill (memory.events does not count it). Joined by pid, the victim's
 cgroup names its container (`docker-<id>.scope`) and, under execgate, its call's cgroup
 (`tool-…`, the journal's call id) or the sandbox's init. Pure functions: the runner reads the
 log (`Host.kernel_log`) and passes the container and call tables in.
@@ -18,6 +20,7 @@ _OOM_KILL = re.compile(r"oom-kill:(?P<fields>\S+)")
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<comm>[^)]*)\)(?P<rest>.*)")
 _SIZE = re.compile(r"(?P<key>total-vm|anon-rss|file-rss|shmem-rss):(?P<kb>\d+)kB")
 _ADJ = re.compile(r"oom_score_adj:(?P<adj>-?\d+)")
+_SKIPPED = re.compile(r"OOM victim (?P<pid>\d+) \([^)]*\) is already exiting")
 _SCOPE = re.compile(r"docker-(?P<cid>[0-9a-f]{12,64})\.scope")
 
 
@@ -36,6 +39,12 @@ def parse_kills(records: Iterable[tuple[int, str]]) -> list[dict[str, Any]]:
             kills.append(k)
             if k["pid"] is not None:
                 by_pid[k["pid"]] = k
+            continue
+        m = _SKIPPED.search(msg)
+        if m:  # chosen, but exiting already: not killed
+            k = by_pid.pop(int(m["pid"]), None)
+            if k is not None and "anon_rss_kb" not in k:
+                kills.remove(k)
             continue
         m = _KILLED.search(msg)
         if m:

@@ -54,6 +54,22 @@ def test_kernel_oom_kills_are_parsed_and_attributed_to_task_attempt_and_call() -
     assert kills.attribute(lone, boxes, calls)["victim"] == "init"
     elsewhere = dict(found[0], task_memcg="/system.slice/cron.service")
     assert kills.attribute(elsewhere, boxes, calls)["victim"] == "other"
+    # a victim already exiting is chosen (its oom-kill line) but not killed: no kill (the VM's
+    # bench replay once counted two kills where memory.events said one)
+    skipped = kills.parse_kills([
+        (30, "oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/egbench.slice,task_memcg=/x,"
+             "task=memload,pid=5,uid=0"),
+        (31, "Memory cgroup out of memory: Killed process 5 (memload) anon-rss:9kB"),
+        (32, "oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/egbench.slice,task_memcg=/x,"
+             "task=memload,pid=5,uid=0"),
+        (33, "Memory cgroup out of memory: OOM victim 5 (memload) is already exiting. Skip "
+             "killing the task"),
+        (34, "oom-kill:constraint=CONSTRAINT_MEMCG,oom_memcg=/egbench.slice,task_memcg=/y,"
+             "task=memload,pid=6,uid=0"),
+        (35, "Memory cgroup out of memory: OOM victim 6 (memload) is already exiting. Skip "
+             "killing the task"),
+    ])
+    assert [(k["pid"], k["anon_rss_kb"]) for k in skipped] == [(5, 9)]
 
 
 def test_each_call_gets_its_journal_decision_admission_reason_and_residency() -> None:
