@@ -141,13 +141,22 @@ def test_a_held_call_is_not_the_oom_victim(containers: Containers) -> None:
                               "--shape", "ramp", "--peak-at", "0.95", "--hold", "4",
                               hint="memory:250m")
         seen: list[tuple[bool, list[int]]] = []  # (frozen by the gate, its tasks' values)
-        while not overrun.done():
+
+        def frozen_now() -> bool | None:
             try:
                 with open(os.path.join(held_cg, "cgroup.freeze")) as f:
-                    frozen = f.read().strip() == "1"
+                    return f.read().strip() == "1"
             except OSError:  # it ended
+                return None
+        while not overrun.done():
+            # Frozen before and after its values are read: the gate thaws, then restores them,
+            # and a release between two reads once showed a thawed call's 500 as a frozen one's.
+            before = frozen_now()
+            adjs = _oom_score_adjs(held_cg)
+            after = frozen_now()
+            if before is None or after is None:
                 break
-            seen.append((frozen, _oom_score_adjs(held_cg)))
+            seen.append((before and after, adjs))
             time.sleep(0.05)
         held_adjs = [a for frozen, a in seen if frozen and a]
         adjs = held_adjs[-1] if held_adjs else []
