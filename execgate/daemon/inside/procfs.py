@@ -14,13 +14,21 @@ import time
 from execgate.common.libc import libc
 
 
-def _stat_field(pid: int, index: int) -> int | None:
-    """A numeric field of /proc/PID/stat, counted after the command name (0: state)."""
+def _stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (0: state); [] once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[index])
-    except (OSError, ValueError, IndexError):
+        return data[data.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
+        return []
+
+
+def _stat_field(pid: int, index: int) -> int | None:
+    """A numeric field of /proc/PID/stat, counted after the command name (0: state)."""
+    try:
+        return int(_stat_fields(pid)[index])
+    except (ValueError, IndexError):
         return None
 
 
@@ -61,12 +69,8 @@ def nul_list(path: str) -> list[str]:
 
 def state(pid: int) -> str | None:
     """Its state letter (R, S, D, Z...), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return chr(data[data.rindex(b")") + 2])
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = _stat_fields(pid)
+    return fields[0].decode() if fields else None
 
 
 def exec_image(pid: int, within_s: float = 0.05) -> tuple[list[str], list[str]]:
