@@ -152,8 +152,7 @@ class Engine:
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
                                  settings.pressure, cfg.tool_oom_score_adj)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
-        # done, journal line to come: (when, the call, how long it ran since admitted)
-        self.ended: dict[str, tuple[float, LiveCall, float]] = {}
+        self.ended: dict[str, tuple[float, LiveCall]] = {}  # done, line to come: (when, call)
         # bcc probes (OOM attribution, page faults); started by the daemon, after its socket
         self.probes = ProbeMonitor(settings.daemon.probes, self.events, cfg.state_dir,
                                    settings.daemon.oom_record, clock)
@@ -489,8 +488,9 @@ class Engine:
             return
         ended = self.ended.pop(cid, None)
         if ended is not None:  # released at its watcher's `done`: now we know how it ended
-            self._learn_end(ended[1], entry, ended[2])
-            self._publish_finished(cid, ended[1].container, entry)
+            since, released = ended
+            self._learn_end(released, entry, since - released.admitted_at)
+            self._publish_finished(cid, released.container, entry)
         else:
             self._finish(cid, entry)
 
@@ -516,11 +516,11 @@ class Engine:
         self.files.forget(call.cgroup)
         self.admission.release(cid)
         self.residency.touch(call.container)
-        ran = self.clock() - call.admitted_at
+        now = self.clock()
         if journal_to_come:  # what it peaked at is learned from its line
-            self.ended[cid] = (self.clock(), call, ran)
+            self.ended[cid] = (now, call)
         else:
-            self._learn_end(call, entry, ran)
+            self._learn_end(call, entry, now - call.admitted_at)
             self._publish_finished(cid, call.container, entry)
 
     def _learn_end(self, call: LiveCall, entry: dict[str, Any] | None, ran: float) -> None:
@@ -546,7 +546,7 @@ class Engine:
     def _expire_ended(self) -> None:
         """Calls done whose journal line never came (their watcher died after `done`)."""
         now = self.clock()
-        for cid, (since, call, _ran) in list(self.ended.items()):
+        for cid, (since, call) in list(self.ended.items()):
             if now - since > JOURNAL_LINE_S:
                 del self.ended[cid]
                 self._publish_finished(cid, call.container, None)
