@@ -398,10 +398,11 @@ class SandboxAdmission:
     def call_load(self) -> int:
         """The live sandboxes' expected concurrent call bytes: their images' call loads summed
         (0 with count_call_load off)."""
-        if not self.config.count_call_load:
-            return 0
-        load = self.model.call_load
-        return sum(n * load(image) for image, n in self._per_image.items())
+        return sum(n * self._load_of(image) for image, n in self._per_image.items())
+
+    def _load_of(self, image: str) -> int:
+        """One sandbox of `image`'s part of the load term."""
+        return self.model.call_load(image) if self.config.count_call_load else 0
 
     def settled(self, sandbox_id: str) -> None:
         """The sandbox's first tool call came: how long that took teaches how long swap-out has
@@ -444,7 +445,7 @@ class SandboxAdmission:
         pinned, arriving, growing, peaks = self._pinned(snap, now)
         running = sum(max(c, 0) for c in snap.running_call_bytes)
         load = self.call_load()
-        loads = self.model.call_load if cfg.count_call_load else (lambda _image: 0)
+        loads = self._load_of
         absorbed = self.absorbable(snap)
         # Settled sandboxes' growth comes over their lives: swap's free room (beyond what the
         # arrivals take) absorbs it as it comes; what it cannot is as good as pinned.
