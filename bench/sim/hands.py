@@ -71,6 +71,12 @@ try:  # swap room counted as available until the domain thrashes (b05fd4f)
 except ImportError:  # pragma: no cover - depends on the revision
     SwapCredit = None  # type: ignore[assignment,misc]
     swap_room = None  # type: ignore[assignment]
+try:  # regions capped in bytes (3 Dec)
+    from execgate.policy.pressure import region_limits
+except ImportError:  # pragma: no cover - depends on the revision
+    def region_limits(config: Any, budget: int) -> tuple[int, int]:
+        red = int(budget * config.red_fraction)
+        return red, red + int(budget * config.yellow_fraction)
 
 # What the revision's policy takes (--policy-rev runs older ones): the action boundary and
 # reclaimable bytes in residency's views, the room asked of plan, the idle room of a step.
@@ -496,8 +502,7 @@ class ExecgateHands:
                     self._mark(bid)
         views = self._residency_views.read(now)
         reclaiming = bool(self.domain.reclaiming)
-        p = self.settings.pressure
-        yellow = int(reading.budget * (p.red_fraction + p.yellow_fraction))
+        yellow = region_limits(self.settings.pressure, reading.budget)[1]
         need = max(yellow - reading.effective_headroom, 0) if reading.state else 0
         need += self.admission.queued_bytes()
         room = self.res.room_wanted()

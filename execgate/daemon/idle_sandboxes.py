@@ -26,7 +26,7 @@ from typing import Any
 from execgate.cgroups import container, v2
 from execgate.common import meminfo, records
 from execgate.policy.headroom import freed_bytes, swap_kept_share
-from execgate.policy.pressure import PressureConfig, PressureReading
+from execgate.policy.pressure import PressureConfig, PressureReading, region_limits
 from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, idle_enough, plan
 
@@ -340,7 +340,7 @@ class Residency:
         return self.worker is not None and self.worker.is_alive()
 
     def _need(self, reading: PressureReading) -> int:
-        yellow = int(reading.budget * (self.pressure.red_fraction + self.pressure.yellow_fraction))
+        yellow = region_limits(self.pressure, reading.budget)[1]
         return max(yellow - reading.effective_headroom, 0) if reading.state else 0
 
     def _apply(self, action: Action, reading: PressureReading) -> None:

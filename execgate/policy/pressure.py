@@ -11,8 +11,9 @@ keeps the kernel's own reclaim room out of the schedulable pool; S is at most
 `effective_margin` computes S for admission and the growth gate alike (one knob, one headroom).
 The budget is cut into regions:
 red while H ≤ red_fraction · budget, yellow while H ≤ (red_fraction + yellow_fraction) · budget,
-green above. A reading at exactly a boundary takes the worse state (red wins ties), which also
-makes an empty domain (budget 0, H 0) red rather than green.
+green above, each region at most its bytes (`red_max_bytes`, `yellow_max_bytes`: 1 GiB). A
+reading at exactly a boundary takes the worse state (red wins ties), which also makes an empty
+domain (budget 0, H 0) red rather than green.
 
 Usage alone reacts late: calls already admitted keep growing toward their predicted peaks. So the
 state is evaluated a second time on the *effective headroom* H − predicted_growth and the worse of
@@ -51,6 +52,12 @@ class PressureConfig:
     red_fraction: float = 0.125
     # Size of the yellow region above red: yellow while H ≤ (red + yellow) · budget.
     yellow_fraction: float = 0.125
+    # ... each region at most this many bytes: a fraction sized for a small domain is idle
+    # memory on a large one (8 GiB of a 64 GiB host held back as "red": one probe at a time).
+    # The regions absorb what running calls grow beyond their predictions before the daemon
+    # reacts, which does not grow with the host (None: no cap).
+    red_max_bytes: int | None = 1 * GiB
+    yellow_max_bytes: int | None = 1 * GiB
     # PSI memory `some avg10` (percent) above which the state is at least yellow / red.
     # None disables the rule (the default; see the module docstring).
     psi_yellow_some_avg10: float | None = None
@@ -65,6 +72,8 @@ class PressureConfig:
             raise ValueError("red_fraction and yellow_fraction must be >= 0")
         if self.red_fraction + self.yellow_fraction > 1:
             raise ValueError("red_fraction + yellow_fraction must be <= 1")
+        if min(self.red_max_bytes or 0, self.yellow_max_bytes or 0) < 0:
+            raise ValueError("red_max_bytes and yellow_max_bytes must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ class PressureReading:
     available: int = 0
     predicted_growth: int = 0
     psi_some_avg10: float | None = None
-    # H at or below this is red (red_fraction · budget): yellow admission keeps it free.
+    # H at or below this is red (`region_limits`): yellow admission keeps it free.
     red_limit: int = 0
     # The state the growth gate paces by (see `gate_state`); None = `state`.
     by_gate: Pressure | None = None
@@ -154,8 +163,7 @@ def assess_pressure(
     credit = max(swap_credit, 0)
     headroom = max(available + credit - margin, 0)
     effective = max(headroom - growth, 0)
-    red_limit = int(budget * config.red_fraction)
-    yellow_limit = int(budget * (config.red_fraction + config.yellow_fraction))
+    red_limit, yellow_limit = region_limits(config, budget)
 
     by_usage = _region(headroom, red_limit, yellow_limit)
     by_gate = _region(max(headroom - max(undeclared_growth, 0), 0), red_limit, yellow_limit)
@@ -206,6 +214,18 @@ def assess_pressure(
         by_gate=by_gate,
         swap_credit=credit,
     )
+
+
+def region_limits(config: PressureConfig, budget: int) -> tuple[int, int]:
+    """(red limit, yellow limit): H at or below the first is red, at or below the second
+    yellow. Each region is its fraction of the budget, capped at its bytes."""
+    red = _capped(int(max(budget, 0) * config.red_fraction), config.red_max_bytes)
+    yellow = _capped(int(max(budget, 0) * config.yellow_fraction), config.yellow_max_bytes)
+    return red, red + yellow
+
+
+def _capped(nbytes: int, cap: int | None) -> int:
+    return nbytes if cap is None else min(nbytes, cap)
 
 
 def effective_margin(config: PressureConfig, budget: int | None) -> int:

@@ -9,6 +9,7 @@ from execgate.policy.pressure import (
     PressureConfig,
     assess_pressure,
     predicted_remaining_growth,
+    region_limits,
 )
 from execgate.policy.pressure_state import Pressure
 
@@ -42,10 +43,27 @@ def test_region_boundaries(headroom: int, expected: Pressure) -> None:
 
 
 def test_custom_region_fractions() -> None:
-    cfg = PressureConfig(red_fraction=0.25, yellow_fraction=0.25)  # red <= 2 GiB, yellow <= 4 GiB
+    cfg = PressureConfig(red_fraction=0.25, yellow_fraction=0.25, red_max_bytes=None,
+                         yellow_max_bytes=None)  # red <= 2 GiB, yellow <= 4 GiB
     assert assess_pressure(cfg, S + 4 * GiB + 1, BUDGET).state is Pressure.GREEN
     assert assess_pressure(cfg, S + 4 * GiB, BUDGET).state is Pressure.YELLOW
     assert assess_pressure(cfg, S + 2 * GiB, BUDGET).state is Pressure.RED
+
+
+def test_regions_are_capped_in_bytes_on_a_large_domain() -> None:
+    """12.5 % of a 64 GiB domain held 8 GiB back as red, where admission runs one call at a
+    time: 1,000 sandboxes (simulated) ran 1-2 calls at once for 5,000 s beside 7 GiB free."""
+    big = 64 * GiB
+    assert region_limits(CFG, big) == (1 * GiB, 2 * GiB)
+    assert assess_pressure(CFG, S + 7 * GiB, big).state is Pressure.GREEN
+    assert assess_pressure(CFG, S + 2 * GiB, big).state is Pressure.YELLOW
+    assert assess_pressure(CFG, S + 1 * GiB, big).state is Pressure.RED
+    # A small domain keeps its fractions (the VM's, the test bed's): 512 MiB of 4 GiB.
+    assert region_limits(CFG, 4 * GiB) == (512 * MiB, 1 * GiB)
+    uncapped = PressureConfig(red_max_bytes=None, yellow_max_bytes=None)
+    assert region_limits(uncapped, big) == (8 * GiB, 16 * GiB)
+    assert assess_pressure(uncapped, S + 7 * GiB, big).state is Pressure.RED
+    assert "red limit 1 GiB" in assess_pressure(CFG, S + 1 * GiB, big).reason
 
 
 def test_safety_margin_is_not_headroom() -> None:
@@ -140,6 +158,8 @@ def test_config_validation() -> None:
         PressureConfig(red_fraction=0.75, yellow_fraction=0.5)
     with pytest.raises(ValueError):
         PressureConfig(safety_margin_bytes=-1)
+    with pytest.raises(ValueError):
+        PressureConfig(red_max_bytes=-1)
     with pytest.raises(ValueError):
         assess_pressure(CFG, 0, -1)
 
