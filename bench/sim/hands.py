@@ -91,6 +91,7 @@ _PSI = "psi_some_avg10" in _ASSESS
 _CREDIT = "swap_credit" in _ASSESS and SwapCredit is not None
 _STARTS_ONLY = ({"waiting": False} if _sa is not None and "waiting" in inspect.signature(
     _sa.SandboxAdmission.step).parameters else {})
+_CALL_RAN = _sa is not None and hasattr(_sa.SandboxAdmission, "call_ran")
 _VICTIM_SWAP = "swap_free" in inspect.signature(GrowthController.last_resort_victim).parameters
 
 
@@ -349,6 +350,8 @@ class ExecgateHands:
                 if load is not None:  # the daemon's: peak x (end - admission)
                     ran = max(call.last - call.started, 0.0)
                     self.box_load[info.sandbox] = (load[0], load[1] + call.shown_peak * ran)
+                    if _CALL_RAN:
+                        self.sandboxes.call_ran(info.sandbox, call.shown_peak * ran)
         if call is not None and call.shown_peak > 0:  # the watcher's memory.peak
             run = max(call.last - call.started, 1e-6)
             self.estimator.observe(info, Outcome(peak_bytes=int(call.shown_peak),

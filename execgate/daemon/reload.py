@@ -48,7 +48,8 @@ LIVE: dict[str, frozenset[str] | None] = {
     # history_window sizes each image's window, max_images the model
     "sandbox_admission": frozenset({"enabled", "max_start_wait_s", "default_baseline_bytes",
                                     "default_call_peak_bytes", "baseline_quantile",
-                                    "settle_s", "count_call_load", "reserve_growth"}),
+                                    "settle_s", "count_call_load", "reserve_growth",
+                                    "learn_from_live"}),
     "headroom": ALL,
     "metrics": frozenset(),  # the endpoint is bound at start
     "retention": ALL,

@@ -246,6 +246,25 @@ def test_the_snapshot_counts_calls_by_charge_and_sandboxes_without_them(tmp_path
     asyncio.run(scenario())
 
 
+def test_a_started_sandboxs_calls_teach_its_images_call_load_while_it_lives(
+        tmp_path: Path) -> None:
+    """The engine's ended calls reach sandbox admission: before a sandbox of the image has
+    finished, the live ones' calls make its call load (learn_from_live)."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.engine.tick()
+        task, conn = await bed.start("box")
+        await asyncio.wait_for(task, 1)
+        assert conn.frames[-1]["verdict"] == "admitted", conn.frames
+        policy = bed.engine.sandboxes.policy
+        bed.engine.sandboxes.call_ended("box", 40 * MiB, 30.0)
+        bed.engine.sandboxes.call_ended("box", None, 30.0)  # no peak measured: nothing
+        bed.clock.t += 60.0
+        assert policy.call_load() == 40 * MiB * 30 // 60
+
+    asyncio.run(scenario())
+
+
 def test_the_snapshot_offers_swap_room_within_the_sandboxes_swap_max(tmp_path: Path) -> None:
     """What swap can absorb of arriving baselines: the host's free swap (faked here: this host's
     own is not the test's), within [residency] swap_max, at the configured bandwidth until

@@ -13,6 +13,7 @@ import pytest
 from execgate.common.units import GiB, MiB
 from execgate.policy.headroom import LiveSandbox
 from execgate.policy.sandbox_admission import (
+    LIVE_LOAD_MIN_S,
     BaselineModel,
     DomainSnapshot,
     SandboxAdmission,
@@ -544,3 +545,86 @@ def test_a_sandbox_whose_first_call_comes_before_its_record_is_still_counted() -
     clock.t += 60.0
     adm.submit(SandboxRequest("c", "py"))
     assert adm.step(snap(budget=8 * GiB))[0].need_bytes == (256 + 256) * MiB
+
+
+def test_before_one_finished_an_images_live_sandboxes_teach_its_baseline() -> None:
+    """learn_from_live: 1,000 sandboxes (simulated) were admitted on the 256 MiB default while
+    the first ones already held more: 170 of them filled 56 GiB of 64 before one finished."""
+    adm, clock = make()
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap(budget=8 * GiB))
+    adm.submit(SandboxRequest("b", "py"))
+    adm.submit(SandboxRequest("c", "go"))
+    [b, c] = adm.step(snap(active("a", 400 * MiB), budget=8 * GiB))
+    assert b.baseline_bytes == 400 * MiB and c.baseline_bytes == 256 * MiB  # its own image's
+    started = adm.snapshot()["starting"]
+    assert {w["sandbox_id"]: w["baseline_bytes"] for w in started} == {
+        "a": 256 * MiB, "b": 400 * MiB, "c": 256 * MiB}
+    adm.submit(SandboxRequest("d", "py"))
+    [d] = adm.step(snap(active("a", 400 * MiB), active("b", 100 * MiB), budget=1 * GiB))
+    assert "live (2 running, none finished)" in d.reason, d.reason
+    # a finished: its history speaks from now on
+    adm.finished("a", "py", 300 * MiB)
+    assert adm.snapshot()["images"]["py"]["baseline_bytes"] == 300 * MiB
+    adm.submit(SandboxRequest("e", "py"))
+    clock.t += 1.0
+    decisions = adm.step(snap(active("b", 100 * MiB), budget=8 * GiB))
+    assert decisions[-1].baseline_bytes == 300 * MiB
+    # The rule before: the default until one finished.
+    old, _ = make(dataclasses.replace(CFG, learn_from_live=False))
+    old.submit(SandboxRequest("a", "py"))
+    old.step(snap(budget=8 * GiB))
+    old.submit(SandboxRequest("b", "py"))
+    [b] = old.step(snap(active("a", 400 * MiB), budget=8 * GiB))
+    assert b.baseline_bytes == 256 * MiB
+
+
+def test_before_one_finished_live_sandboxes_teach_the_call_load() -> None:
+    """Their calls' peak x duration over the time they lived together, once that is a minute:
+    the load term counts before the first sandbox of the image ends."""
+    adm, clock = make()
+    for sid in ("a", "b"):
+        adm.submit(SandboxRequest(sid, "py"))
+    adm.step(snap(budget=8 * GiB))
+    adm.call_ran("a", 100 * MiB * 30.0)  # a 100 MiB call for 30 s
+    adm.call_ran("x", 1 * GiB * 30.0)  # not a sandbox of this queue: nothing
+    clock.t += LIVE_LOAD_MIN_S / 2 - 1
+    assert adm.call_load() == 0  # they lived 58 s together: too little to say
+    clock.t += 1
+    assert adm.call_load() == 2 * (100 * MiB * 30 // 60)  # 50 MiB each
+    adm.finished("b", "py", 200 * MiB, 100 * MiB, 10 * MiB)  # history: its mean from now on
+    assert adm.call_load() == 10 * MiB
+    off, _ = make(dataclasses.replace(CFG, learn_from_live=False))
+    off.submit(SandboxRequest("a", "py"))
+    off.step(snap(budget=8 * GiB))
+    off.call_ran("a", 100 * MiB * 600.0)
+    assert off.call_load() == 0
+
+
+def test_live_sandboxes_grow_toward_their_images_mean_as_known_now() -> None:
+    """A live sandbox's growth to come is measured against its image's mean finished baseline,
+    learned since its admission; the new sandbox alone counts the high quantile (summed over
+    dozens, the 90th percentile set 660 MiB aside for each where they ended with 440 on
+    average)."""
+    adm, clock = make()
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap(budget=8 * GiB))
+    clock.t += 5.0
+    adm.settled("a")
+    adm.finished("x", "py", 200 * MiB, 100 * MiB)
+    adm.finished("y", "py", 1000 * MiB, 100 * MiB)  # mean 600 MiB, 90th percentile 1000
+    adm.submit(SandboxRequest("b", "py"))
+    [d] = adm.step(snap(active("a", 200 * MiB), budget=8 * GiB))
+    # a: 200 MiB held + 400 to its image's mean; b: 1000 MiB; one call 256 MiB (a's view)
+    assert d.need_bytes == (200 + 400 + 1000 + 256) * MiB, d.reason
+    old, clock = make(dataclasses.replace(CFG, learn_from_live=False))
+    old.submit(SandboxRequest("a", "py"))
+    old.step(snap(budget=8 * GiB))
+    clock.t += 5.0
+    old.settled("a")
+    old.finished("x", "py", 200 * MiB, 100 * MiB)
+    old.finished("y", "py", 1000 * MiB, 100 * MiB)
+    old.submit(SandboxRequest("b", "py"))
+    [d] = old.step(snap(active("a", 200 * MiB), budget=8 * GiB))
+    # the rule before: a keeps the 256 MiB default it was admitted with
+    assert d.need_bytes == (200 + 56 + 1000 + 256) * MiB, d.reason
