@@ -268,10 +268,12 @@ class ExecgateHands:
         snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running, 0, *swap)
         if pushes:  # the daemon renews the standing ask while a create waits
             self.res.make_room(self.res.room_wanted())
-        pushable = sum(s.pushable_bytes for s in live)
+        pushable: int | None = None  # summed for a start only: most steps start nothing
         go = []
         for d in self.sandboxes.step(snap, **_STARTS_ONLY):  # the starts: all it acts on
             if d.start:
+                if pushable is None:
+                    pushable = sum(s.pushable_bytes for s in live)
                 # Admitted on what idle sandboxes can give back or swap absorbs: have them
                 # give it (daemon/sandboxes.py step()).
                 absorbed = getattr(d, "absorbed_bytes", 0)

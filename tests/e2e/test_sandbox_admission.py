@@ -62,11 +62,11 @@ def _fill(containers: Containers) -> str:
     return filler
 
 
-def _create(containers: Containers, name: str) -> subprocess.Popen[bytes]:
+def _create(containers: Containers, name: str, *cmd: str) -> subprocess.Popen[bytes]:
     """`docker run` in the slice, in the background: it returns once the create is let through."""
     containers.ids.append(name)
     return subprocess.Popen(["docker", "run", "-d", "--name", name, "--runtime", RUNTIME,
-                             "--cgroup-parent", SLICE, IMAGE, "sleep", "inf"],
+                             "--cgroup-parent", SLICE, IMAGE, *(cmd or ("sleep", "inf"))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -119,6 +119,30 @@ def test_a_create_waits_for_room_and_starts_when_a_sandbox_leaves(
         logged = subprocess.run(["journalctl", "-u", "execgated", "-o", "cat", "--no-pager",
                                  "-n", "200"], capture_output=True, text=True, timeout=60)
         assert f"sandbox {cid[:12]} waited" in logged.stdout, logged.stdout[-2000:]
+
+
+def test_a_live_sandbox_teaches_its_images_baseline_before_one_finished(
+        containers: Containers) -> None:
+    """learn_from_live: no sandbox of the image has finished, so its default (64 MiB) would
+    serve; the filler, of the same image, holds 150 MiB, and that is what the next create of
+    it is predicted to hold. (A create of another image keeps the default: the first test.)"""
+    with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait="inf")):
+        filler = _fill(containers)
+        assert _admission()["images"] == {}, _admission()["images"]  # nothing finished
+        proc = _create(containers, "egsa-same", *FILLER[:1], "--peak-mib", "8",
+                       "--duration", "3600", "--hold", "3600")
+        w = wait_for(_waiting, timeout=120, interval=0.5, what="the create of the same image")
+        print(f"waiting: {w['reason']}")
+        assert w["baseline_bytes"] >= (FILL_MIB - 10) * MiB, w
+        assert w["source"] == "live (1 running, none finished)", w
+        docker("rm", "-f", filler)
+        containers.ids.remove(filler)
+        cid = _finish(proc)
+        assert _start_of(cid)["verdict"] == "admitted"
+        # The filler finished: its image's history speaks now.
+        images = wait_for(lambda: _admission()["images"], timeout=60, interval=0.5,
+                          what="the filler's baseline learned")
+        assert images["cmd:memload"]["finished"] == 1, images
 
 
 def test_a_finished_sandbox_teaches_its_images_call_load(containers: Containers) -> None:
