@@ -207,7 +207,7 @@ class Sandboxes:
         if not self.waiting:
             if now - self.scanned_at >= RESCAN_S:
                 self._rescan(now, calls)
-            self.policy.step(DomainSnapshot(reading.budget, reading.safety_margin))
+                self.policy.expire(self.boxes.keys())
             return
         self._rescan(now, calls)
         snap = self._snapshot(reading, used, calls, set(busy()), activity, queued_peaks())

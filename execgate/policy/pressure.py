@@ -55,7 +55,7 @@ class PressureConfig:
     # ... each region at most this many bytes: a fraction sized for a small domain is idle
     # memory on a large one (8 GiB of a 64 GiB host held back as "red": one probe at a time).
     # The regions absorb what running calls grow beyond their predictions before the daemon
-    # reacts, which does not grow with the host (None: no cap).
+    # reacts, which does not grow with the host (None, in code: no cap).
     red_max_bytes: int | None = 1 * GiB
     yellow_max_bytes: int | None = 1 * GiB
     # PSI memory `some avg10` (percent) above which the state is at least yellow / red.

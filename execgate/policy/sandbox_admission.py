@@ -78,7 +78,7 @@ import enum
 import functools
 import math
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,9 +120,11 @@ class SandboxAdmissionConfig:
     reserve_growth: bool = True
     # An image none of whose sandboxes has finished is predicted from its live ones: its
     # baseline at least the most one of them has held outside calls so far, its call load
-    # theirs so far; and a live sandbox's growth to come is measured against its image's
-    # prediction as it stands now, not the one it was admitted with (false: the defaults and
-    # no load until a sandbox finishes, and the prediction at admission; the rule before 4 Dec).
+    # theirs so far; and a live sandbox grows toward what is known now (its image's mean
+    # finished baseline, else that live prediction), not the prediction it was admitted with
+    # (false: the defaults and no load until a sandbox finishes, and the prediction at
+    # admission; the rule before 4 Dec). Without reserve_growth a sandbox leaves the count at
+    # its first call, so only its start teaches.
     learn_from_live: bool = True
 
     def __post_init__(self) -> None:
@@ -359,6 +361,7 @@ class _Starting:
     image: str = ""
     seen_bytes: int = 0  # the most resident memory a snapshot showed of it so far
     settled: bool = False  # its first call came (reserve_growth keeps it counted)
+    area: float = 0.0  # its calls' peak x duration so far (learn_from_live)
 
 
 @dataclass
@@ -369,10 +372,12 @@ class _LiveImage:
     area: float = 0.0  # their calls' peak x duration so far, summed
     since: float = 0.0  # their admission times, summed (their ages: n x now - since)
     count: int = 0
+    first: float = 0.0  # when the first of those live now (or since the last was) came
 
 
-# Live sandboxes' call load counts once they have lived this long together: a few seconds of
-# one sandbox say more about its first call than about its life.
+# Live sandboxes' call load counts once they have lived this long, together and since the
+# first of them came: a few seconds of a sandbox (or of a hundred started at once) say more
+# about a first call than about a life.
 LIVE_LOAD_MIN_S = 60.0
 
 
@@ -431,6 +436,7 @@ class SandboxAdmission:
         if start is not None and byte_seconds > 0:
             live = self._live.get(start.image)
             if live is not None:
+                start.area += byte_seconds
                 live.area += byte_seconds
 
     def live(self, sandbox_id: str, image: str) -> None:
@@ -462,10 +468,13 @@ class SandboxAdmission:
         if not self.config.learn_from_live or self.model.finished(image):
             return self.model.call_load(image)
         live = self._live.get(image)
-        if live is None:
+        if live is None or not live.count:
             return 0
-        lived = live.count * self.clock() - live.since
-        return int(live.area / lived) if lived >= LIVE_LOAD_MIN_S else 0
+        now = self.clock()
+        lived = live.count * now - live.since
+        if lived < LIVE_LOAD_MIN_S or now - live.first < LIVE_LOAD_MIN_S:
+            return 0
+        return int(live.area / lived)
 
     def _predict(self, image: str, call_peak_bytes: int | None = None) -> BaselinePrediction:
         """The model's prediction, or before a sandbox of the image finished (learn_from_live)
@@ -475,7 +484,7 @@ class SandboxAdmission:
         if live is None or live.seen_bytes <= pred.baseline_bytes or self.model.finished(image):
             return pred
         return BaselinePrediction(live.seen_bytes, pred.call_peak_bytes,
-                                  f"live ({live.count} running, none finished)")
+                                  "live sandboxes (none finished)")
 
     def _grows_to(self, image: str) -> int:
         """What a started sandbox of `image` is expected to grow to, among many: its finished
@@ -493,11 +502,37 @@ class SandboxAdmission:
         if live is not None:
             live.count -= 1
             live.since -= start.admitted_at
+            live.area -= start.area
             if not live.count and self.model.finished(start.image):
                 del self._live[start.image]  # its history speaks for it now
             elif not live.count:  # what it learned stays in seen_bytes until history comes
                 live.area = live.since = 0.0
+                self._bound_live()
         return start
+
+    def _bound_live(self) -> None:
+        """At most max_images images' live figures: those with no live sandbox go first."""
+        if len(self._live) > self.config.max_images:
+            for image in [i for i, v in self._live.items() if not v.count]:
+                del self._live[image]
+                if len(self._live) <= self.config.max_images:
+                    break
+
+    def expire(self, live: Collection[str]) -> None:
+        """While no create waits (no step): forget started sandboxes not live after settle_s
+        (a create that failed after admission, a sandbox gone unreported), and without
+        reserve_growth every one past settle_s. live: the sandboxes the daemon knows. (A step
+        with no snapshot of them took every started one older than settle_s for gone: growth,
+        load and what live sandboxes teach all lapsed a minute after the last create waited.)"""
+        now, cfg = self.clock(), self.config
+        for sid, start in list(self._starting.items()):
+            if now - start.admitted_at < cfg.settle_s:
+                continue
+            if sid not in live:
+                self._unstart(sid)
+                self._gone(sid)
+            elif not cfg.reserve_growth:
+                self._unstart(sid)
 
     def settled(self, sandbox_id: str) -> None:
         """The sandbox's first tool call came: how long that took teaches how long swap-out has
@@ -520,10 +555,10 @@ class SandboxAdmission:
         """The sandbox was removed; learn its image's baseline (None: not measured) and call
         load (its calls' peak x duration summed, over its life; None: not measured)."""
         self._queue.pop(sandbox_id, None)
+        if baseline_bytes is not None:  # first: the image's live figures go with its history
+            self.model.observe(image, baseline_bytes, call_peak_bytes, call_load_bytes)
         self._unstart(sandbox_id)
         self._gone(sandbox_id)
-        if baseline_bytes is not None:
-            self.model.observe(image, baseline_bytes, call_peak_bytes, call_load_bytes)
 
     def step(self, snap: DomainSnapshot, waiting: bool = True) -> list[SandboxDecision]:
         """Decide every queued create, oldest first; started ones leave the queue.
@@ -639,8 +674,11 @@ class SandboxAdmission:
             live = self._live.get(image)
             if live is None:
                 live = self._live[image] = _LiveImage()
+            if not live.count:
+                live.first = now
             live.count += 1
             live.since += now
+            self._bound_live()
             self._totals[d.verdict.value] += 1
             self.live(sid, image)
             load += loads(entry.request.image)

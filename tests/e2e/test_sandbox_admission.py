@@ -134,7 +134,7 @@ def test_a_live_sandbox_teaches_its_images_baseline_before_one_finished(
         w = wait_for(_waiting, timeout=120, interval=0.5, what="the create of the same image")
         print(f"waiting: {w['reason']}")
         assert w["baseline_bytes"] >= (FILL_MIB - 10) * MiB, w
-        assert w["source"] == "live (1 running, none finished)", w
+        assert w["source"] == "live sandboxes (none finished)", w
         docker("rm", "-f", filler)
         containers.ids.remove(filler)
         cid = _finish(proc)

@@ -259,8 +259,19 @@ def test_a_started_sandboxs_calls_teach_its_images_call_load_while_it_lives(
         policy = bed.engine.sandboxes.policy
         bed.engine.sandboxes.call_ended("box", 40 * MiB, 30.0)
         bed.engine.sandboxes.call_ended("box", None, 30.0)  # no peak measured: nothing
+        bed.sandbox("box", 100 * MiB)  # its record, as the runtime writes it after create
         bed.clock.t += 60.0
         assert policy.call_load() == 40 * MiB * 30 // 60
+        # Minutes with no create waiting: the daemon only rescans, and the sandbox it knows
+        # stays counted (a step with no sandboxes took it for gone after settle_s).
+        for _ in range(3):
+            bed.clock.t += 60.0
+            bed.engine.tick()
+        assert policy.call_load() == 40 * MiB * 30 // 240
+        bed.remove("box")
+        bed.clock.t += 60.0
+        bed.engine.tick()
+        assert policy.call_load() == 0
 
     asyncio.run(scenario())
 

@@ -562,7 +562,7 @@ def test_before_one_finished_an_images_live_sandboxes_teach_its_baseline() -> No
         "a": 256 * MiB, "b": 400 * MiB, "c": 256 * MiB}
     adm.submit(SandboxRequest("d", "py"))
     [d] = adm.step(snap(active("a", 400 * MiB), active("b", 100 * MiB), budget=1 * GiB))
-    assert "live (2 running, none finished)" in d.reason, d.reason
+    assert "live sandboxes (none finished)" in d.reason, d.reason
     # a finished: its history speaks from now on
     adm.finished("a", "py", 300 * MiB)
     assert adm.snapshot()["images"]["py"]["baseline_bytes"] == 300 * MiB
@@ -580,25 +580,70 @@ def test_before_one_finished_an_images_live_sandboxes_teach_its_baseline() -> No
 
 
 def test_before_one_finished_live_sandboxes_teach_the_call_load() -> None:
-    """Their calls' peak x duration over the time they lived together, once that is a minute:
-    the load term counts before the first sandbox of the image ends."""
+    """Their calls' peak x duration over the time they lived, once that is a minute both summed
+    and since the first came (a hundred sandboxes two seconds old say only what their first
+    calls peaked at)."""
     adm, clock = make()
     for sid in ("a", "b"):
         adm.submit(SandboxRequest(sid, "py"))
     adm.step(snap(budget=8 * GiB))
     adm.call_ran("a", 100 * MiB * 30.0)  # a 100 MiB call for 30 s
     adm.call_ran("x", 1 * GiB * 30.0)  # not a sandbox of this queue: nothing
-    clock.t += LIVE_LOAD_MIN_S / 2 - 1
-    assert adm.call_load() == 0  # they lived 58 s together: too little to say
-    clock.t += 1
-    assert adm.call_load() == 2 * (100 * MiB * 30 // 60)  # 50 MiB each
+    clock.t += LIVE_LOAD_MIN_S / 2
+    assert adm.call_load() == 0  # 60 s lived between them, but 30 s since the first came
+    clock.t += LIVE_LOAD_MIN_S / 2
+    assert adm.call_load() == 2 * (100 * MiB * 30 // 120)  # 25 MiB each
+    # A sandbox that leaves without teaching history takes its calls and its time along.
+    adm.cancel("a")
+    assert adm.call_load() == 0  # b ran no call
     adm.finished("b", "py", 200 * MiB, 100 * MiB, 10 * MiB)  # history: its mean from now on
+    assert adm.call_load() == 0  # no live sandbox of it
+    adm.submit(SandboxRequest("c", "py"))
+    adm.step(snap(budget=8 * GiB))
     assert adm.call_load() == 10 * MiB
     off, _ = make(dataclasses.replace(CFG, learn_from_live=False))
     off.submit(SandboxRequest("a", "py"))
     off.step(snap(budget=8 * GiB))
     off.call_ran("a", 100 * MiB * 600.0)
     assert off.call_load() == 0
+
+
+def test_the_last_live_sandbox_to_finish_hands_its_image_to_history() -> None:
+    """What live sandboxes taught goes once the image has history: an image forgotten by the
+    model later (max_images) starts from the default again, not from an old live figure."""
+    adm, _ = make(dataclasses.replace(CFG, max_images=1))
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap(budget=8 * GiB))
+    adm.submit(SandboxRequest("b", "py"))
+    [b] = adm.step(snap(active("a", 900 * MiB), budget=8 * GiB))
+    assert b.baseline_bytes == 900 * MiB
+    adm.finished("a", "py", 300 * MiB)
+    adm.finished("b", "py", 300 * MiB)
+    adm.finished("z", "go", 50 * MiB)  # py leaves the model
+    adm.submit(SandboxRequest("c", "py"))
+    [c] = adm.step(snap(budget=8 * GiB))
+    assert c.baseline_bytes == 256 * MiB and "default" in c.reason, c.reason
+
+
+def test_started_sandboxes_stay_counted_while_no_create_waits() -> None:
+    """The daemon steps the policy only while a create waits; between, `expire` drops only the
+    started sandboxes it no longer knows (it used to step with no sandboxes, and every one
+    older than settle_s was taken for gone: its growth and its load lapsed)."""
+    adm, clock = make()
+    _learn_load(adm, "py", 100 * MiB)
+    for sid in ("a", "b"):
+        adm.submit(SandboxRequest(sid, "py"))
+    adm.step(snap(budget=8 * GiB))
+    clock.t += CFG.settle_s + 1
+    adm.expire({"a"})  # b's create failed after admission, or it went unreported
+    assert adm.call_load() == 100 * MiB
+    assert [s["sandbox_id"] for s in adm.snapshot()["starting"]] == ["a"]
+    off, clock = make(dataclasses.replace(CFG, reserve_growth=False))
+    off.submit(SandboxRequest("a", "py"))
+    off.step(snap(budget=8 * GiB))
+    clock.t += CFG.settle_s + 1
+    off.expire({"a"})  # without reserve_growth a start counts until settle_s only
+    assert off.snapshot()["starting"] == []
 
 
 def test_live_sandboxes_grow_toward_their_images_mean_as_known_now() -> None:
