@@ -11,7 +11,8 @@ the runtime's `create` (nothing in its cgroup yet) until
 pinned: memory outside tool calls that cannot be pushed out — active sandboxes' resident memory
 (less their cold pages), idle sandboxes' resident memory less what they can give back — plus
 what live sandboxes have yet to grow to (`reserve_growth`): a sandbox's calls leave files and
-caches behind, up to the baseline its image's sandboxes ended with, and what swap's free room
+caches behind, up to the baseline its image's sandboxes ended with (their mean, with
+learn_from_live: summed over many, the mean is what they come to), and what swap's free room
 cannot take of that growth is as good as pinned. Without it the rule forgot a sandbox's
 prediction at its first call and admitted sandboxes whose leftovers then filled the budget
 (the generator's tasks end with ~260 MiB of them beside a ~180 MiB baseline). running: the
