@@ -578,7 +578,7 @@ class SandboxAdmission:
         # per image per step.
         grows_to = ({image: self._grows_to(image) for image in self._per_image}
                     if cfg.learn_from_live else None)
-        pinned, arriving, growing, peaks = self._pinned(snap, now, grows_to)
+        pinned, arriving, growing, top = self._pinned(snap, now, grows_to)
         running = sum(max(c, 0) for c in snap.running_call_bytes)
         load = self.call_load()
         loads = self._load_of
@@ -587,9 +587,9 @@ class SandboxAdmission:
         # arrivals take) absorbs it as it comes; what it cannot is as good as pinned.
         growth = max(growing - max(snap.swap_free_bytes - absorbed, 0), 0)
         pinned += growth
-        # The largest (next-call peak, id) so far, kept as sandboxes start: one pass over the
-        # live sandboxes per step, not one per queued create (1,000 sandboxes made it the cost).
-        top = max(peaks) if peaks else None
+        # top: the largest (next-call peak, id) so far, kept as sandboxes start: one pass over
+        # the live sandboxes per step, not one per queued create (1,000 sandboxes made it the
+        # cost).
         fmt = functools.cache(fmt_bytes)  # few sizes recur in reasons
 
         @functools.cache  # and creates behind one another share their terms
@@ -742,10 +742,10 @@ class SandboxAdmission:
         return max(min(moved, snap.swap_free_bytes), 0)
 
     def _pinned(self, snap: DomainSnapshot, now: float, grows_to: dict[str, int] | None
-                ) -> tuple[int, int, int, list[tuple[int, str]]]:
+                ) -> tuple[int, int, int, tuple[int, str] | None]:
         """Bytes outside tool calls that cannot be pushed out, the baselines still arriving,
-        the growth settled sandboxes have still to come, and every live sandbox's (next-call
-        peak, id). A sandbox admitted but not settled pins
+        the growth settled sandboxes have still to come, and the largest (next-call peak, id)
+        of a live sandbox (None: none is). A sandbox admitted but not settled pins
         what the snapshot says and has the rest of its predicted baseline still to come (the
         prediction less the most resident memory seen of it: memory it allocated and residency
         then pushed out has arrived, and counting it again held the VM's burst creates back a
@@ -761,42 +761,57 @@ class SandboxAdmission:
         sandboxes are expected to grow to as known now (`grows_to`), and the most seen of a
         sandbox teaches its image's."""
         boxes = snap.sandboxes
-        pinned = max(snap.other_bytes, 0) + sum(box.pinned_bytes for box in boxes)
-        peaks = [(box.next_call_peak_bytes, box.sandbox_id) for box in boxes]
+        pinned = max(snap.other_bytes, 0)
         starting = self._starting
         if not starting:  # every sandbox as the snapshot shows it
-            return pinned, 0, 0, peaks
+            top = max(((box.next_call_peak_bytes, box.sandbox_id) for box in boxes), default=None)
+            return pinned + sum(box.pinned_bytes for box in boxes), 0, 0, top
         arriving = growing = 0
         matched = 0
+        top_peak: float = -math.inf
+        top_id = ""
         get = starting.get
         live = self._live if grows_to is not None else None
+        target_of = None if grows_to is None else grows_to.get
+        last_image: str | None = None  # the image whose target was looked up last (mostly one)
+        target: int | None = None
         # One pass over the live sandboxes, plain comparisons (with reserve_growth nearly every
         # live sandbox has an entry: at 1,000 sandboxes this loop was the simulator's cost).
-        for i, box in enumerate(boxes):
-            start = get(box.sandbox_id)
-            if start is None:
-                continue
-            matched += 1
-            pred = start.prediction
-            if box.resident_bytes > start.seen_bytes:
-                start.seen_bytes = box.resident_bytes
-                if live is not None:
-                    image = live.get(start.image)
-                    if image is not None and box.resident_bytes > image.seen_bytes:
-                        image.seen_bytes = box.resident_bytes
-            if grows_to is not None:
-                to_come = grows_to.get(start.image, pred.baseline_bytes) - start.seen_bytes
-            else:
-                to_come = pred.baseline_bytes - start.seen_bytes
-            if to_come > 0:
-                if start.settled:
-                    growing += to_come
+        for box in boxes:
+            pinned += box.pinned_bytes
+            sid = box.sandbox_id
+            peak = box.next_call_peak_bytes
+            start = get(sid)
+            if start is not None:
+                matched += 1
+                pred = start.prediction
+                seen = start.seen_bytes
+                resident = box.resident_bytes
+                if resident > seen:
+                    start.seen_bytes = seen = resident
+                    if live is not None:
+                        image = live.get(start.image)
+                        if image is not None and resident > image.seen_bytes:
+                            image.seen_bytes = resident
+                if target_of is None:
+                    to_come = pred.baseline_bytes - seen
                 else:
-                    arriving += to_come
-            if pred.call_peak_bytes > peaks[i][0]:
-                peaks[i] = (pred.call_peak_bytes, box.sandbox_id)
+                    if start.image is not last_image:
+                        last_image = start.image
+                        target = target_of(last_image)
+                    to_come = (pred.baseline_bytes if target is None else target) - seen
+                if to_come > 0:
+                    if start.settled:
+                        growing += to_come
+                    else:
+                        arriving += to_come
+                if pred.call_peak_bytes > peak:
+                    peak = pred.call_peak_bytes
+            if peak > top_peak or (peak == top_peak and sid > top_id):
+                top_peak, top_id = peak, sid
+        top = (int(top_peak), top_id) if boxes else None
         if matched == len(starting):  # every entry is live
-            return pinned, arriving, growing, peaks
+            return pinned, arriving, growing, top
         seen = {box.sandbox_id for box in boxes}
         stale = []
         for sid, start in starting.items():
@@ -812,11 +827,13 @@ class SandboxAdmission:
                 growing += max(base - start.seen_bytes, 0)
             else:
                 arriving += base
-            peaks.append((start.prediction.call_peak_bytes, sid))
+            mine = (start.prediction.call_peak_bytes, sid)
+            if top is None or mine > top:
+                top = mine
         for sid in stale:
             self._unstart(sid)
             self._gone(sid)
-        return pinned, arriving, growing, peaks
+        return pinned, arriving, growing, top
 
 
 def _unabsorbed(arriving: int, baseline: int, absorbed: int) -> int:
