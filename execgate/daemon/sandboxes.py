@@ -188,11 +188,12 @@ class Sandboxes:
         """A call of sandbox `cid` ended: its peak, and how long it ran since admitted."""
         if not isinstance(peak, int):
             return
-        self.policy.call_ran(cid, peak * max(ran_s, 0.0))  # before its record is read, too
+        area = peak * max(ran_s, 0.0)
+        self.policy.call_ran(cid, area)  # before its record is read, too
         box = self.boxes.get(cid)
         if box is not None:
             box.call_peak = max(box.call_peak or 0, peak)
-            box.call_area += peak * max(ran_s, 0.0)
+            box.call_area += area
 
     # -- every control period ------------------------------------------------------------------
 

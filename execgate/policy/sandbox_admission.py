@@ -496,6 +496,18 @@ class SandboxAdmission:
         mean = self.model.mean_baseline(image)
         return self._predict(image).baseline_bytes if mean is None else mean
 
+    def _start(self, sandbox_id: str, pred: BaselinePrediction, now: float, image: str) -> None:
+        """A create admitted: its entry (and its share of its image's live figures)."""
+        self._starting[sandbox_id] = _Starting(pred, now, image)
+        live = self._live.get(image)
+        if live is None:
+            live = self._live[image] = _LiveImage()
+        if not live.count:
+            live.first = now
+        live.count += 1
+        live.since += now
+        self._bound_live()
+
     def _unstart(self, sandbox_id: str) -> _Starting | None:
         """Forget a started sandbox's entry (and its share of its image's live figures)."""
         start = self._starting.pop(sandbox_id, None)
@@ -622,7 +634,8 @@ class SandboxAdmission:
         def decide(entry: _Queued) -> SandboxDecision:
             """This step's verdict on one create; its reason is kept for snapshot()."""
             if cfg.learn_from_live:  # what was learned since it was queued
-                entry.prediction = self._repredict(entry)
+                entry.prediction = self._predict(entry.request.image,
+                                                 entry.request.call_peak_bytes)
             sid, pred = entry.request.sandbox_id, entry.prediction
             mine = (pred.call_peak_bytes, sid)
             peak, peak_of = mine if top is None else max(top, mine)
@@ -671,15 +684,7 @@ class SandboxAdmission:
             sid, pred = d.sandbox_id, entry.prediction
             del self._queue[sid]
             image = entry.request.image
-            self._starting[sid] = _Starting(pred, now, image)
-            live = self._live.get(image)
-            if live is None:
-                live = self._live[image] = _LiveImage()
-            if not live.count:
-                live.first = now
-            live.count += 1
-            live.since += now
-            self._bound_live()
+            self._start(sid, pred, now, image)
             self._totals[d.verdict.value] += 1
             self.live(sid, image)
             load += loads(entry.request.image)
@@ -728,11 +733,6 @@ class SandboxAdmission:
         if self._fifo:
             return list(self._queue.values())
         return sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq))
-
-    def _repredict(self, entry: _Queued) -> BaselinePrediction:
-        """A queued create's prediction as the model and its image's live sandboxes say now."""
-        pred = self._predict(entry.request.image, entry.request.call_peak_bytes)
-        return entry.prediction if pred == entry.prediction else pred
 
     def absorbable(self, snap: DomainSnapshot) -> int:
         """What swap can take of arriving baselines: its bandwidth over a start (measured, else
