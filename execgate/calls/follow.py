@@ -49,18 +49,21 @@ def wait_readable(fd: int, timeout: float | None = None) -> bool:
     return bool(p.poll(None if timeout is None else int(timeout * 1000)))
 
 
-def wait_empty(cg: str, on_oom: Callable[[], None] | None = None) -> None:
+def wait_empty(cg: str, on_oom: Callable[[], None] | None = None,
+               main: int | None = None) -> bool:
     """Block until the cgroup has no tasks (or is gone: runc's delete removes a container's
-    cgroups, ours included, and an open cgroup file then reads as ENODEV).
+    cgroups, ours included, and an open cgroup file then reads as ENODEV): True.
 
     With on_oom, memory.events is watched too and on_oom runs as soon as the kernel OOM-kills
     in the call: the note then reaches the stream before the engine sees the call exit (a TTY
     exec's terminal is torn down right after, so a note written later would be lost).
+    With main (a pidfd), it also returns, False, once that process has exited while others
+    still run in the cgroup.
     """
     try:
         fd = os.open(os.path.join(cg, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return
+        return True
     mem = None
     if on_oom is not None:
         try:
@@ -72,6 +75,8 @@ def wait_empty(cg: str, on_oom: Callable[[], None] | None = None) -> None:
         p.register(fd, select.POLLPRI | select.POLLERR)
         if mem is not None:
             p.register(mem, select.POLLPRI | select.POLLERR)
+        if main is not None:
+            p.register(main, select.POLLIN)
         while True:
             try:
                 if mem is not None and on_oom is not None:
@@ -86,9 +91,11 @@ def wait_empty(cg: str, on_oom: Callable[[], None] | None = None) -> None:
                 os.lseek(fd, 0, os.SEEK_SET)
                 data = os.read(fd, 4096).decode()
             except OSError:  # removed under us: nothing is left in it
-                return
+                return True
             if "populated 0" in data:
-                return
+                return True
+            if main is not None and wait_readable(main, 0):
+                return False
             p.poll(5000)  # kernfs notifies; the timeout only guards against a lost wakeup
     finally:
         os.close(fd)
@@ -210,7 +217,12 @@ def follow(call: ToolCall, pidfds: dict[int, int], pid_file: str | None, journal
            log: RuncLog, stderr: int | None, done: Done) -> None:
     """The rest of a call whose exit is not held, once runc has gone (wait_runtime): the OOM
     note as soon as the kernel kills, the end, the daemon's account (done), the note, the
-    journal line and the cgroup removed. stderr (the call's, or None) is closed."""
+    journal line and the cgroup removed. stderr (the call's, or None) is closed.
+
+    The stream is let go when the exec's own process exits: what it left running in the
+    background (`cmd &`) holds the cgroup, and with it the call's charge and journal line, but
+    never the agent, which waits for the stream's EOF (`docker exec`, `kubectl exec`, an exec
+    probe). A hold note is then not told: the gate's account comes when the cgroup empties."""
     cg = call.cgroup
     _pid, exec_pid = exec_pidfd(pid_file, pidfds)
     told = []
@@ -223,12 +235,18 @@ def follow(call: ToolCall, pidfds: dict[int, int], pid_file: str | None, journal
 
     kept = stderr
     try:
-        wait_empty(cg, tell_oom_now if stderr is not None else None)
+        if stderr is not None and not wait_empty(cg, tell_oom_now, exec_pid):
+            kept = None
+            os.close(stderr)
+            log.debug(f"call {call.call}: its process exited, the background runs on: "
+                      "stream released")
+            wait_empty(cg)
         end = time.time()
         gate = done(call)
         entry = outcome.conclude(call, end, gate)
-        kept = None
-        tell.tell_and_close(call, entry, stderr, told_oom=bool(told))
+        if kept is not None:
+            kept = None
+            tell.tell_and_close(call, entry, stderr, told_oom=bool(told))
     finally:
         if kept is not None:  # failed before the note: the stream must still end
             os.close(kept)

@@ -6,9 +6,18 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 
 import pytest
-from conftest import Containers, container_cgroup, docker, on_terminal, tool_cgroups, wait_for
+from conftest import (
+    Containers,
+    container_cgroup,
+    docker,
+    journal_for,
+    on_terminal,
+    tool_cgroups,
+    wait_for,
+)
 
 RUNTIMES = ("runc", "execgate")
 
@@ -38,6 +47,28 @@ def test_exec_output_and_exit_codes_match(containers: Containers) -> None:
         assert got["execgate"].stdout == got["runc"].stdout, cmd
         if cmd[0] != "nonexistent-command":  # the error text names the container id
             assert got["execgate"].stderr == got["runc"].stderr, cmd
+
+
+def test_an_exec_that_leaves_a_background_process_returns_as_with_runc(
+        containers: Containers) -> None:
+    """Issue 21, item 7: the exec returns when its own process exits, not when what it left
+    in the background (`cmd &`) does; that one still holds the call's cgroup, and the call is
+    journaled once it ends."""
+
+    pair = _pair(containers)
+    took = {}
+    for rt, cid in pair.items():
+        t0 = time.monotonic()
+        p = docker("exec", cid, "sh", "-c", "sleep 40 >/dev/null 2>&1 & echo started",
+                   timeout=60)
+        took[rt] = time.monotonic() - t0
+        assert p.stdout == b"started\n", rt
+    assert took["execgate"] < took["runc"] + 10, took  # was the background's 40 s
+    cg = container_cgroup(pair["execgate"])
+    assert tool_cgroups(cg), "the background process holds the call's cgroup"
+    wait_for(lambda: [e for e in journal_for(pair["execgate"]) if "echo started" in
+                      " ".join(e.get("argv") or [])], timeout=120, what="the journal line")
+    assert not tool_cgroups(cg)
 
 
 def test_exec_with_stdin(containers: Containers) -> None:

@@ -79,3 +79,51 @@ class _QuickPoll:
     def poll(self, _timeout: int | None = None) -> list[tuple[int, int]]:
         time.sleep(0.02)
         return []
+
+
+def test_the_stream_is_let_go_when_the_calls_own_process_exits(tmp_path: Path) -> None:
+    """Issue 21, item 7: a call that leaves a process in the background (`cmd &`) kept the
+    exec's stderr until the whole cgroup emptied, and the agent (`docker exec`, an exec probe)
+    waited as long. The stream ends when the exec's own process does; the cgroup's emptying
+    still ends the call: its account and journal line."""
+    import json
+    import subprocess
+
+    from execgate.calls.record import ToolCall
+    from execgate.oci.runclog import RuncLog
+
+    (tmp_path / "tool-1").mkdir()
+    cg = _cgroup(tmp_path / "tool-1", 1)
+    main = subprocess.Popen(["sleep", "0.1"])
+    pidfd = os.pidfd_open(main.pid)
+    main.wait()  # the exec's own process is gone; its background child runs on (populated 1)
+    (tmp_path / "pid").write_text(str(main.pid))
+    r, w = os.pipe()
+    call = ToolCall("tool-1", "box", "box", str(cg), ["sh", "-c", "sleep 60 &"])
+    call.admitted(True, 0.0)
+    call.start = time.time()
+    ended: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def done(_c: ToolCall) -> None:
+        ended["done"] = time.monotonic() - t0
+
+    def background_ends() -> None:
+        time.sleep(1.5)
+        (cg / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+
+    threading.Thread(target=background_ends, daemon=True).start()
+    journal = tmp_path / "calls.jsonl"
+    t = threading.Thread(target=follow.follow, args=(
+        call, {main.pid: pidfd}, str(tmp_path / "pid"), str(journal), RuncLog(None, None), w,
+        done))
+    t.start()
+    while os.read(r, 4096):
+        pass
+    eof = time.monotonic() - t0
+    t.join(timeout=15)
+    assert not t.is_alive()
+    assert eof < 1.0, f"EOF after {eof:.2f} s: the stream waited for the background"
+    assert ended["done"] >= 1.5  # the call ends (its charge) with its cgroup, not before
+    (line,) = journal.read_text().splitlines()
+    assert json.loads(line)["call"] == "tool-1"
