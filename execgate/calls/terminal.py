@@ -17,6 +17,7 @@ import os
 import select
 import socket
 import termios
+import time
 
 TIOCGPTPEER = 0x5441
 
@@ -79,14 +80,28 @@ class Proxy:
             pass
 
 
-def write_to_terminal(slave: int, text: str) -> None:
-    """Write lines so they render on a raw or cooked terminal alike."""
+def write_to_terminal(slave: int, text: str, timeout: float = 1.0) -> None:
+    """Write lines so they render on a raw or cooked terminal alike.
+
+    The note is written while the call's exit is held: a terminal that does not drain (nobody
+    reads it, or output is stopped with ^S) must not hold the exec too. Whatever it has not
+    taken within timeout is dropped: TimeoutError (issue 21, item 8). The descriptor is our own
+    open of the pty (TIOCGPTPEER), so making it non-blocking touches nobody else's."""
     try:
         oflag = termios.tcgetattr(slave)[1]
         if not oflag & termios.OPOST or not oflag & termios.ONLCR:
             text = text.replace("\n", "\r\n")
     except termios.error:
         pass
-    os.write(slave, text.encode())
+    data = text.encode()
+    os.set_blocking(slave, False)
+    deadline = time.monotonic() + timeout
+    while data:
+        try:
+            data = data[os.write(slave, data):]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [slave], [], left)[1]:
+                raise TimeoutError(f"the terminal took no more within {timeout:g} s") from None
 
 

@@ -64,3 +64,34 @@ def test_replace_console_socket_in_every_spelling() -> None:
         assert "/e" not in out and "--console-socket=/e" not in out, out
         assert any(a.endswith("/mine") for a in out)
         assert out[-1] == "cid" and "/p" in out and out[out.index("--cgroup") + 1] == "tool-1"
+
+
+def test_a_terminal_that_does_not_drain_never_holds_the_note_writer() -> None:
+    """Issue 21, item 8: the exit note is written while the exit is held; a terminal whose
+    output is stopped (^S) or never read blocked that write, and the exec hung with it."""
+    import termios
+    import time
+
+    for stopped in (True, False):
+        master, slave = os.openpty()
+        if stopped:
+            termios.tcflow(slave, termios.TCOOFF)
+        note = "[execgate] note\n" * (1 if stopped else 20000)  # unread: more than a pty holds
+        result: list[BaseException | None] = []
+
+        def write(s: int = slave, n: str = note) -> None:
+            try:
+                terminal.write_to_terminal(s, n)
+                result.append(None)
+            except OSError as e:
+                result.append(e)
+
+        t0 = time.monotonic()
+        t = threading.Thread(target=write, daemon=True)
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), f"the write blocked (stopped={stopped})"
+        assert time.monotonic() - t0 < 3
+        assert isinstance(result[0], TimeoutError), result
+        os.close(slave)
+        os.close(master)
