@@ -6,9 +6,12 @@ both alike; the figures to carry across machines are the ratios of medians:
 - every runtime call of a container's life (create, start, state, exec, kill, delete), each
   timed alone, on containers made from a bundle of IMAGE with `execgate --root R` and
   `runc --root R'` directly (the cgroupfs driver, as tests/e2e/test_runc_direct.py does);
-- a passed-through call with no container (`--version`).
+- a passed-through call with no container (`--version`);
+- a burst: K sandboxes `docker run -d` at once, then one `docker exec` in each at once, as a
+  fleet's arrivals do (the light-load replay's five sandboxes took 16 s to start against
+  eager's 11 s while one `docker run` alone costs the same): the time until the last returns.
     python3 -m bench.exec_latency [--n 30] [--image execgate-test:latest] [--out FILE]
-                                  [--skip docker,calls,version]
+                                  [--skip docker,calls,version,burst] [--burst K] [--burst-n N]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 
 RUNTIMES = ("runc", "execgate")
@@ -60,6 +64,42 @@ def _interleaved(cmds: dict[str, list[str]], n: int) -> dict[str, list[float]]:
             t0 = time.perf_counter()
             subprocess.run(argv, check=True, capture_output=True)
             samples[k].append(time.perf_counter() - t0)
+    return samples
+
+
+def _all_at_once(argvs: list[list[str]]) -> tuple[float, list[str]]:
+    """Run argvs at once; the time until the last has returned, and their stdouts."""
+    out: list[str] = [""] * len(argvs)
+
+    def one(i: int) -> None:
+        out[i] = subprocess.run(argvs[i], check=True, capture_output=True,
+                                text=True).stdout.strip()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(argvs))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, out
+
+
+def bursts(image: str, k: int, n: int) -> dict[str, dict[str, list[float]]]:
+    """n interleaved rounds per runtime of k sandboxes started at once, then one `true` exec'd
+    in each at once: each round's time to the last return, for the runs and for the execs."""
+    samples: dict[str, dict[str, list[float]]] = {
+        part: {rt: [] for rt in RUNTIMES} for part in ("run", "exec")}
+    for i in range(n + 1):  # round 0 warms up
+        for rt in RUNTIMES if i % 2 == 0 else reversed(RUNTIMES):
+            run_s, cids = _all_at_once([["docker", "run", "-d", "--runtime", rt, image,
+                                         "sleep", "inf"] for _ in range(k)])
+            try:
+                exec_s, _ = _all_at_once([["docker", "exec", c, "true"] for c in cids])
+            finally:
+                subprocess.run(["docker", "rm", "-f", *cids], capture_output=True)
+            if i:
+                samples["run"][rt].append(run_s)
+                samples["exec"][rt].append(exec_s)
     return samples
 
 
@@ -161,7 +201,9 @@ def main() -> None:
     ap.add_argument("--image", default="execgate-test:latest")
     ap.add_argument("--execgate", default="/usr/local/bin/execgate")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: "
-                    "docker, calls, version")
+                    "docker, calls, version, burst")
+    ap.add_argument("--burst", type=int, default=5, help="sandboxes started at once")
+    ap.add_argument("--burst-n", type=int, default=10, help="rounds of the burst")
     ap.add_argument("--out")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -179,6 +221,10 @@ def main() -> None:
         runs = _interleaved({rt: ["docker", "run", "--rm", "--runtime", rt, args.image, "true"]
                              for rt in RUNTIMES}, args.n)
         rows += [("docker exec true", compare(execs)), ("docker run true", compare(runs))]
+    if "burst" not in skip:
+        b = bursts(args.image, args.burst, args.burst_n)
+        rows += [(f"{args.burst} docker run -d", compare(b["run"])),
+                 (f"{args.burst} docker exec", compare(b["exec"]))]
     if "calls" not in skip:
         for c, by_rt in runtime_calls(binaries, args.image, args.n).items():
             rows.append((f"runtime {c}", compare(by_rt)))
