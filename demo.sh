@@ -77,11 +77,23 @@ native() {
     python3 -m bench.replay demo --dry-run | sed -n '3,4p'
     echo "(a few minutes: eager, then execgate; one line per task event)"
     python3 -m bench.replay demo --image "$image" --out "$results"
-    # In the VM the host draws the plots afterwards (EXECGATE_DEMO_PLOTS=0): no matplotlib here.
-    local plots=--plots-optional
-    [[ ${EXECGATE_DEMO_PLOTS:-1} == 0 ]] && plots=--no-plots
-    python3 -m bench.report "$plots" "$results/results.json" >/dev/null
-    echo "report: $results/report.md"
+    # In the VM the host draws the plots afterwards (EXECGATE_DEMO_PLOTS=0).
+    if [[ ${EXECGATE_DEMO_PLOTS:-1} == 0 ]]; then
+        python3 -m bench.report --no-plots "$results/results.json" >/dev/null
+        echo "report: $results/report.md"
+    else
+        report "$results/results.json"
+    fi
+}
+
+# report.md and the PNG plots, drawn with the checkout's venv (tests/vm/host-setup.sh gives it
+# matplotlib: a fresh host has none), else Markdown only.
+report() {
+    local py=python3
+    if "$repo/tests/vm/host-setup.sh" --no-vm bench >&2; then
+        py=$repo/.venv/bin/python
+    fi
+    "$py" -m bench.report --plots-optional "$1" | sed 's/^/report: /'
 }
 
 if docker info >/dev/null 2>&1 && [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
@@ -108,7 +120,6 @@ tail -n +1 -F --pid=$vm "$results/serial.log" 2>/dev/null \
 rc=0
 wait $vm || rc=$?
 if [[ -f $results/demo/results.json ]]; then
-    "$repo/.venv/bin/python" -m bench.report --plots-optional "$results/demo/results.json" \
-        | sed 's/^/report: /'
+    report "$results/demo/results.json"
 fi
 exit $rc

@@ -49,3 +49,19 @@ def test_both_ways_in_set_the_host_up_before_the_vm() -> None:
         assert setup >= 0, f"{script} does not set the host up"
         assert setup < boot, f"{script} boots the VM before setting the host up"
     assert os.access(SCRIPT, os.X_OK)
+
+
+def test_the_demo_draws_its_plots_with_the_venv_on_a_native_host_too() -> None:
+    """On a Docker host (no VM) the demo drew with the system python3: no matplotlib on a fresh
+    host, Markdown only (issue 20). Both paths now draw through one report(), which sets the
+    checkout's venv up first."""
+    text = (REPO / "demo.sh").read_text()
+    body = text[text.index("\nreport() {"):]
+    body = body[:body.index("\n}\n")]
+    assert "tests/vm/host-setup.sh\" --no-vm bench" in body
+    assert ".venv/bin/python" in body and "--plots-optional" in body
+    native = text[text.index("\nnative() {"):]
+    native = native[:native.index("\n}\n")]
+    assert "report \"$results/results.json\"" in native
+    vm = text[text.index("running the demo inside the test VM"):]
+    assert "report \"$results/demo/results.json\"" in vm
