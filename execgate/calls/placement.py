@@ -68,6 +68,7 @@ def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None],
     cg = rec["cgroup"]
     if not container.is_prepared(cg):
         log.warning(f"exec in {cid}: {cg} lacks init/; running unmanaged")
+        records.note_fail_open(cfg.state_dir, "not-prepared", cid, f"{cg} lacks init/")
         return None
     from execgate.oci import exec_cgroup
 
@@ -75,6 +76,8 @@ def plan(cfg: Config, inv: Invocation, log: RuncLog, say: Callable[[str], None],
     if real is not None and not exec_cgroup.supported(real, cfg.state_dir):
         log.warning(f"exec in {cid}: the runtime {real} has no `exec --cgroup`: running "
                     "unmanaged (runc >= 1.1 has it)")
+        records.note_fail_open(cfg.state_dir, "no-exec-cgroup", cid,
+                               f"{real} has no `exec --cgroup`")
         return None
     spec = None
     if flags.get("process"):

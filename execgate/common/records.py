@@ -4,12 +4,17 @@ Containers: one JSON file per container under <state_dir>/containers, written at
 (rename), so a reader never sees half a record and a crash never leaves one.
 Finished tool calls: one JSON line each, appended to the journal (O_APPEND keeps concurrent
 writers' lines whole).
+Fail-open events: what ran as plain runc because execgate could not do its part (a handler's
+error, a container never prepared, a runtime without `exec --cgroup`) and so left no journal
+line: one JSON line each in <state_dir>/fail-open.jsonl, which the daemon takes and counts
+(status, metrics, its log), so they are not only in per-container runc logs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing: the runtime imports this
 if TYPE_CHECKING:
@@ -109,6 +114,50 @@ class ContainerIndex:
                 fresh[entry.name] = (sig, rec)
         self._seen = fresh
         return [dict(fresh[name][1]) for name in sorted(fresh)]
+
+
+FAIL_OPEN = "fail-open.jsonl"
+FAIL_OPEN_KINDS = ("handler-error", "not-prepared", "no-exec-cgroup")
+
+
+def note_fail_open(state_dir: str, kind: str, container: str | None, detail: str) -> None:
+    """Record a fail-open event; never raises (the call runs as plain runc all the same)."""
+    entry = {"time": round(time.time(), 3), "kind": kind, "container": container,
+             "detail": detail[:300]}
+    try:
+        append_journal(os.path.join(state_dir, FAIL_OPEN), entry)
+    except (OSError, ValueError):
+        pass
+
+
+def take_fail_open(state_dir: str) -> list[dict[str, Any]]:
+    """The daemon's: the events recorded up to its previous take. The file is renamed aside,
+    and read at the next take, so a runtime that opened it just before the rename has long
+    finished its one write by then."""
+    path = os.path.join(state_dir, FAIL_OPEN)
+    aside = path + ".taking"
+    events: list[dict[str, Any]] = []
+    try:
+        with open(aside, "rb") as f:
+            data = f.read(1 << 20)
+        os.unlink(aside)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return events
+    else:
+        for line in data.splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(e, dict):
+                events.append(e)
+    try:
+        os.rename(path, aside)
+    except OSError:
+        pass
+    return events
 
 
 def append_journal(path: str, entry: dict[str, Any]) -> None:

@@ -125,6 +125,10 @@ def print_counts(calls: dict[str, Any], conf: dict[str, Any], front: dict[str, A
               f"overheld {how.get('overheld', 0)}; mean wait {mean:.2f} s), finished "
               f"{sum(ended.values())} (OOM-killed {ended.get('oom_killed', 0)}), ran unmanaged "
               f"{calls.get('unmanaged', 0)} (no daemon answer: fail open)")
+        failed = calls.get("fail_open") or {}
+        if failed:
+            print("runtime failed open (ran as plain runc, see journalctl -u execgated): "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(failed.items())))
     if front:
         ops = ", ".join(f"{k} {v}" for k, v in lifecycle.items())
         print(f"for the compiled front: {front.get('placed', 0)} calls placed (following "

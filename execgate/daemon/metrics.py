@@ -51,6 +51,7 @@ class Metrics:
         self.admitted: Counter[str] = Counter()  # by how: normal, probe, forced, overheld
         self.finished: Counter[str] = Counter()  # by outcome
         self.unmanaged = 0
+        self.fail_open: Counter[str] = Counter()  # the runtime's, by kind (records.py)
         self._held_since: dict[str, float] = {}
         self.started = time.time()
 
@@ -70,7 +71,14 @@ class Metrics:
             self.finished[_outcome(event)] += 1
 
     def after_tick(self) -> None:
-        """Hold episodes of the growth gate, begun and ended since the last tick."""
+        """Hold episodes of the growth gate, begun and ended since the last tick; the
+        runtime's fail-open events recorded since (logged here, where an operator looks)."""
+        events = records.take_fail_open(self.engine.cfg.state_dir)
+        for e in events:
+            kind = str(e.get("kind") or "other")
+            self.fail_open[kind if kind in records.FAIL_OPEN_KINDS else "other"] += 1
+            log.warning("runtime failed open (%s): container %s: %s", kind,
+                        str(e.get("container") or "?")[:12], e.get("detail"))
         now = self.clock()
         held = {cid for cid, t in self.engine.growth.tracked.items() if not t.allowed}
         for cid in held.difference(self._held_since):
@@ -107,7 +115,7 @@ class Metrics:
     def calls(self) -> dict[str, Any]:
         """The same counts for `execgatectl status` (daemon.calls, docs/protocol.md)."""
         return {"admitted": dict(self.admitted), "finished": dict(self.finished),
-                "unmanaged": self.unmanaged,
+                "unmanaged": self.unmanaged, "fail_open": dict(self.fail_open),
                 "admission_waits": {"count": self.admission_wait.count,
                                     "sum_s": round(self.admission_wait.sum, 3)},
                 "holds": {"count": self.holds.count, "sum_s": round(self.holds.sum, 3)}}
@@ -148,6 +156,10 @@ class Metrics:
                            for o in ("ok", "error", "oom_killed", "vanished")])
         w.counter("execgate_calls_unmanaged_total", "Tool calls that ran unmanaged (no daemon "
                   "answer in time: fail open), as read from the journal", self.unmanaged)
+        w.counter("execgate_runtime_fail_open_total", "Runtime calls that ran as plain runc "
+                  "because execgate could not do its part, by kind",
+                  samples=[({"kind": k}, self.fail_open[k])
+                           for k in (*records.FAIL_OPEN_KINDS, "other")])
         w.histogram("execgate_admission_wait_seconds", "How long admitted calls waited",
                     self.admission_wait)
         held = sum(1 for t in e.growth.tracked.values() if not t.allowed)

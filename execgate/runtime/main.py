@@ -102,6 +102,15 @@ def main() -> None:
             result = module.handle(ctx)
         except Exception as e:  # noqa: BLE001 - never break a container over our own bug
             log.warning(f"{inv.command}: {type(e).__name__}: {e}; passing through to {real}")
+            from execgate.common import records
+
+            try:
+                positionals = inv.command_flags().positionals
+            except Exception:  # noqa: BLE001 - the argv itself may be what failed
+                positionals = []
+            records.note_fail_open(cfg.state_dir, "handler-error",
+                                   positionals[0] if positionals else None,
+                                   f"{inv.command}: {type(e).__name__}: {e}")
             recover = getattr(module, "recover", None)
             if recover is not None:
                 recover(ctx)

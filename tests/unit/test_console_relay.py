@@ -79,7 +79,8 @@ def test_a_terminal_that_does_not_drain_never_holds_the_note_writer() -> None:
         note = "[execgate] note\n" * (1 if stopped else 20000)  # unread: more than a pty holds
         result: list[BaseException | None] = []
 
-        def write(s: int = slave, n: str = note) -> None:
+        def write(s: int = slave, n: str = note,
+                  result: list[BaseException | None] = result) -> None:
             try:
                 terminal.write_to_terminal(s, n)
                 result.append(None)

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from test_daemon_reload import SRC, _config, _engine
 
 from execgate.common.units import MiB
@@ -204,3 +205,33 @@ def test_the_example_dashboard_asks_only_for_metrics_the_daemon_serves(tmp_path:
     asked = {re.sub(r"_(bucket|sum|count)$", "", m)
              for e in exprs for m in re.findall(r"execgate_[a-z_]+", e)}
     assert asked and asked <= served, asked - served
+
+
+def test_the_runtimes_fail_open_events_are_counted_and_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 20: a call the runtime ran as plain runc without a journal line (a handler's
+    error, a container never prepared) was only in that container's runc log."""
+    import logging
+
+    from execgate.common import records
+
+    _, eng = _engine(tmp_path)
+    metrics = Metrics(eng)
+    state = eng.cfg.state_dir
+    records.note_fail_open(state, "handler-error", "c1", "create: KeyError: 'linux'")
+    records.note_fail_open(state, "not-prepared", "c2", "/sys/fs/cgroup/x lacks init/")
+    with caplog.at_level(logging.WARNING, logger="execgated"):
+        metrics.after_tick()  # set aside
+        records.note_fail_open(state, "no-exec-cgroup", "c3", "crun has no `exec --cgroup`")
+        metrics.after_tick()  # the first two counted
+        metrics.after_tick()  # the third
+    s = _samples(metrics.render())
+    assert s['execgate_runtime_fail_open_total{kind="handler-error"}'] == 1
+    assert s['execgate_runtime_fail_open_total{kind="not-prepared"}'] == 1
+    assert s['execgate_runtime_fail_open_total{kind="no-exec-cgroup"}'] == 1
+    assert s['execgate_runtime_fail_open_total{kind="other"}'] == 0
+    assert metrics.calls()["fail_open"] == {"handler-error": 1, "not-prepared": 1,
+                                            "no-exec-cgroup": 1}
+    logged = [r.getMessage() for r in caplog.records if "failed open" in r.getMessage()]
+    assert len(logged) == 3 and any("KeyError" in m and "c1" in m for m in logged)
+    assert not os.listdir(state) or "fail-open.jsonl" not in os.listdir(state)

@@ -503,6 +503,11 @@ def test_what_is_not_ours_passes_through_untouched(tmp_path: Path, case: str) ->
     assert box.tools() == [] and box.journal_entries() == []
     unprepared = f"execgate: exec in box: {box.cg} lacks init/; running unmanaged"
     assert box.warnings() == ([unprepared] if case == "not prepared" else [])
+    from execgate.common import records
+
+    records.take_fail_open(str(box.state))  # aside; then read: a fail-open only if unprepared
+    kinds = [e["kind"] for e in records.take_fail_open(str(box.state))]
+    assert kinds == (["not-prepared"] if case == "not prepared" else [])
 
 
 # -- bad process specs (issue 21, item 5) --------------------------------------------------------
@@ -551,6 +556,14 @@ def test_a_failed_handler_thaws_a_frozen_init_before_passing_through(
     assert ran == [argv]  # passed through untouched
     assert (box.cg / "init" / "cgroup.freeze").read_text().strip() == "0"
     assert any("AttributeError" in m and "passing through" in m for m in box.warnings())
+    # ... and counted where the daemon takes it (status, metrics): not only in runc's log
+    from execgate.common import records
+
+    state_dir = box.config()["state_dir"]
+    assert records.take_fail_open(state_dir) == []  # set aside now, read at the next take
+    (event,) = records.take_fail_open(state_dir)
+    assert event["kind"] == "handler-error" and event["container"] == argv[-1]
+    assert "exec: AttributeError" in event["detail"]
 
 
 # -- declarations (issue 21, item 2) -------------------------------------------------------------
