@@ -576,3 +576,37 @@ def test_a_create_waits_for_its_sandboxs_admission_then_runs_runc(box: Box) -> N
     script = [{"v": 1, "ok": True, "queued": True, "max_wait_s": 0.1}]
     who, _args, _rc, _daemon = _lifecycle(box, script, *argv)
     assert who == "python"
+
+
+@pytest.mark.parametrize("sig", [15, 2])
+def test_a_signal_to_the_front_reaches_the_runc_it_runs_and_it_exits_as_runc_did(
+        box: Box, sig: int) -> None:
+    """Issue 21, item 11: while runc runs as the front's child (the daemon has work after
+    it), a stopping signal sent to the front (the engine's timeout) goes on to runc, and the
+    front ends as runc did, killed by that signal, which the daemon is told."""
+    import time
+
+    sock = box.root / "d.sock"
+    box.configure(socket=str(sock), daemon_timeout_ms=2000)
+    box.record("box", {"id": "box", "managed": True, "prepared": False})
+    box.runc.write_text(RECORDER.format(python=sys.executable, out=str(box.runc_out))
+                        + "import time\ntime.sleep(30)\n")
+    box.runc_out.unlink(missing_ok=True)
+    daemon = FakeDaemon(sock, [{"v": 1, "ok": True, "run": "child"}, "READ",
+                               {"v": 1, "ok": True}])
+    try:
+        p = subprocess.Popen([str(box.front), "--root", "/run/r", "start", "box"],
+                             env=box.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while not box.runc_out.exists():  # runc (the recorder) is running as the child
+            assert time.monotonic() < deadline and p.poll() is None, "runc never started"
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        rc = p.wait(timeout=10)
+        daemon.thread.join(5)
+    finally:
+        daemon.close()
+    assert time.monotonic() - t0 < 5  # not runc's 30 s: it got the signal
+    assert rc == -sig, p.stderr.read() if p.stderr else rc
+    assert daemon.requests[1:] == [{"v": 1, "status": -sig}]
