@@ -8,6 +8,9 @@ Two ways to look, as root on a cgroup v2 host (issue 21, item 12):
     python3 -m bench.exec_soak execs N [--out FILE]   # N execs through the installed execgate
     python3 -m bench.exec_soak churn N [--out FILE]   # the kernel alone: N cgroups, made and
                                                       # removed as execgate makes tool cgroups
+        [--no-fork] [--parents K]   # the writer is the soak itself (it moves into each cgroup
+                                    # and back: past the 65,535 ids under TCG in minutes);
+                                    # the tool cgroups spread over K container cgroups
 
 `execs` creates one container straight through `execgate` (cgroupfs driver, no engine; its
 rootfs exported from the VM's test image), and runs N calls that each write a new 64 KiB file
@@ -83,35 +86,75 @@ def _write_in(cg: str, path: str, kib: int) -> None:
         raise RuntimeError(f"the writer in {cg} failed ({status})")
 
 
-def churn(n: int, step: int, kib: int = FILE_KIB) -> dict[str, Any]:
-    parent = os.path.join(CGROOT, f"execgate-soak-{os.getpid()}")
-    os.mkdir(parent)
-    with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
+def _write_here(cg: str, home: str, path: str, kib: int) -> None:
+    """The soak itself joins cg, writes a new file (charged to cg: pages stay with the cgroup
+    that first charged them) and goes back home: no fork, so no process per cgroup."""
+    me = str(os.getpid())
+    with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+        f.write(me)
+    try:
+        with open(path, "wb") as f:
+            f.write(os.urandom(kib * 1024))
+    finally:
+        with open(os.path.join(home, "cgroup.procs"), "w") as f:
+            f.write(me)
+
+
+def churn(n: int, step: int, kib: int = FILE_KIB, fork: bool = True,
+          parents: int = 1) -> dict[str, Any]:
+    top = os.path.join(CGROOT, f"execgate-soak-{os.getpid()}")
+    os.mkdir(top)
+    with open(os.path.join(top, "cgroup.subtree_control"), "w") as f:
         f.write("+memory +pids")
+    home = os.path.join(top, "home")  # where the soak lives when it writes itself
+    os.mkdir(home)
+    origin = _own_cgroup()
+    boxes = []
+    for k in range(parents):  # the containers' cgroups
+        box = os.path.join(top, f"box-{k:03d}")
+        os.mkdir(box)
+        with open(os.path.join(box, "cgroup.subtree_control"), "w") as f:
+            f.write("+memory +pids")
+        boxes.append(box)
     scratch = tempfile.mkdtemp(prefix="soak-", dir="/var/tmp")
     t0, samples, refused = time.monotonic(), [], None
     try:
         for i in range(1, n + 1):
-            cg = os.path.join(parent, f"tool-{i:06x}")
+            cg = os.path.join(boxes[i % parents], f"tool-{i:06x}")
             try:
                 os.mkdir(cg)
             except OSError as e:  # ENOSPC: out of memory cgroup ids
-                refused = {"at": i, "error": str(e), **_sample(i - 1, parent, t0, None)}
+                refused = {"at": i, "error": str(e), **_sample(i - 1, top, t0, None)}
                 break
-            _write_in(cg, os.path.join(scratch, f"f.{i}"), kib)
+            path = os.path.join(scratch, f"f.{i}")
+            if fork:
+                _write_in(cg, path, kib)
+            else:
+                _write_here(cg, home, path, kib)
             os.rmdir(cg)
             if i % step == 0 or i == n:
-                samples.append(_sample(i, parent, t0, None))
+                samples.append(_sample(i, top, t0, None))
     finally:
+        if origin:
+            with open(os.path.join(CGROOT, origin.lstrip("/"), "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
         shutil.rmtree(scratch, ignore_errors=True)
-        for e in os.scandir(parent):
-            if e.is_dir():
-                os.rmdir(e.path)
+        for box in boxes:
+            for e in os.scandir(box):
+                if e.is_dir():
+                    os.rmdir(e.path)
         time.sleep(1)
-        after = _dying(parent)
-        os.rmdir(parent)
-    return {"mode": "churn", "n": n, "file_kib": kib, "samples": samples,
-            "mkdir_refused": refused, "dying_after_files_removed": after}
+        after = _dying(top)
+        for box in (*boxes, home):
+            os.rmdir(box)
+        os.rmdir(top)
+    return {"mode": "churn", "n": n, "file_kib": kib, "fork": fork, "parents": parents,
+            "samples": samples, "mkdir_refused": refused, "dying_after_files_removed": after}
+
+
+def _own_cgroup() -> str:
+    with open("/proc/self/cgroup") as f:
+        return next(line.split("::", 1)[1].strip() for line in f if line.startswith("0::"))
 
 
 def _bundle(tmp: str, cid: str) -> str:
@@ -187,10 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=0, help="sample every STEP calls (N/20)")
     ap.add_argument("--file-kib", type=int, default=FILE_KIB,
                     help="the file each call leaves (KiB)")
+    ap.add_argument("--no-fork", action="store_true",
+                    help="churn: the soak writes in each cgroup itself (no process per cgroup)")
+    ap.add_argument("--parents", type=int, default=1,
+                    help="churn: container cgroups the tool cgroups spread over")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     step = a.step or max(1, a.n // 20)
-    result = (execs if a.mode == "execs" else churn)(a.n, step, a.file_kib)
+    result = (execs(a.n, step, a.file_kib) if a.mode == "execs" else
+              churn(a.n, step, a.file_kib, fork=not a.no_fork, parents=a.parents))
     result["kernel"] = os.uname().release
     text = json.dumps(result, indent=1)
     if a.out:
