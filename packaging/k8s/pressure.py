@@ -27,8 +27,10 @@ from typing import Any
 
 KEY = "execgate.io/memory-pressure"
 TAINT = {"key": KEY, "value": "red", "effect": "NoSchedule"}
-SA = "/var/run/secrets/kubernetes.io/serviceaccount"
-API = "https://kubernetes.default.svc"
+# The pod's service account and the API server, as Kubernetes mounts and names them (the
+# variables serve a test against a local API server).
+SA = os.environ.get("EXECGATE_K8S_SA", "/var/run/secrets/kubernetes.io/serviceaccount")
+API = os.environ.get("EXECGATE_K8S_API", "https://kubernetes.default.svc")
 STATUS = ["nsenter", "--target", "1", "--mount", "--", "execgatectl", "status", "--json"]
 
 
