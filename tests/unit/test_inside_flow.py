@@ -537,3 +537,41 @@ def test_an_exit_before_its_call_event_places_nothing(tmp_path: Path,
             agents.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_call_in_a_group_killing_container_gets_its_own_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: with memory.oom.group = 1 on the container (Kubernetes >= 1.28) a call that
+    runs it out of memory takes the agent along, so every call gets a memory.max below what the
+    container has left (calls/placement.py does it for docker exec); an inside agent's calls
+    did not."""
+    agents, cg, _moves = _setup(tmp_path, monkeypatch)
+    (cg / "memory.oom.group").write_text("1\n")
+    (cg / "memory.max").write_text(f"{512 * MiB}\n")
+    (cg / "memory.stat").write_text(f"anon {200 * MiB}\nfile 0\n")
+    from execgate.cgroups import container
+
+    made = container.make_tool_cgroup
+
+    def make_tool_cgroup(parent: str, name: str) -> str:  # as the kernel lays one out
+        tool = made(parent, name)
+        Path(tool, "memory.max").write_text("max\n")
+        return tool
+
+    monkeypatch.setattr(container, "make_tool_cgroup", make_tool_cgroup)
+
+    async def scenario() -> int:
+        agents.start()
+        child = subprocess.Popen(["sleep", "30"])
+        try:
+            FakeConnector.instances[-1].push(*_events(os.getpid(), child.pid))
+            await _until(lambda: agents.calls)
+            [call] = agents.calls.values()
+            return int(Path(call.call.cgroup, "memory.max").read_text())
+        finally:
+            child.kill()
+            child.wait()
+            agents.stop()
+
+    # 512 MiB - 200 MiB of the agent's - max(16 MiB, 5 %): the call dies before the group
+    assert asyncio.run(scenario()) == 512 * MiB - 200 * MiB - 512 * MiB // 20

@@ -91,6 +91,8 @@ class Placement(AgentsState):
             with contextlib.suppress(OSError):
                 v2.move(pid, tool)
             todo.extend(procfs.children(pid))
+        with contextlib.suppress(OSError):  # a group-killing container: the call's OOM its own
+            container.contain_group_oom(box.cgroup, tool)
         raise_oom_score_adj(m.tgid, self.cfg.tool_oom_score_adj)
         mem = procfs.memory_status(m.tgid)
         self.stats["placed"] += 1
