@@ -213,6 +213,19 @@ def finish(call: ToolCall, entry: dict[str, Any], status: int | None, end: float
     outcome.record(entry, status, end, journal, log)
 
 
+# How long the rest of a call may outlive its own process and still count as ending with it
+# (a pipeline's last stages, the group a kill or OOM takes down): then the notes go out as
+# usual; what lives longer runs in the background and the stream is let go without them.
+LINGER_S = 0.5
+
+
+def _empties_soon(cg: str) -> bool:
+    try:
+        return v2.wait_event(cg, "populated", 0, LINGER_S)
+    except OSError:  # removed: nothing left in it
+        return True
+
+
 def follow(call: ToolCall, pidfds: dict[int, int], pid_file: str | None, journal: str,
            log: RuncLog, stderr: int | None, done: Done) -> None:
     """The rest of a call whose exit is not held, once runc has gone (wait_runtime): the OOM
@@ -222,7 +235,8 @@ def follow(call: ToolCall, pidfds: dict[int, int], pid_file: str | None, journal
     The stream is let go when the exec's own process exits: what it left running in the
     background (`cmd &`) holds the cgroup, and with it the call's charge and journal line, but
     never the agent, which waits for the stream's EOF (`docker exec`, `kubectl exec`, an exec
-    probe). A hold note is then not told: the gate's account comes when the cgroup empties."""
+    probe). A hold note is then not told: the gate's account comes when the cgroup empties.
+    What ends within LINGER_S of the exec's process (a kill, an OOM) still ends with it."""
     cg = call.cgroup
     _pid, exec_pid = exec_pidfd(pid_file, pidfds)
     told = []
@@ -235,7 +249,8 @@ def follow(call: ToolCall, pidfds: dict[int, int], pid_file: str | None, journal
 
     kept = stderr
     try:
-        if stderr is not None and not wait_empty(cg, tell_oom_now, exec_pid):
+        if stderr is not None and not wait_empty(cg, tell_oom_now, exec_pid) \
+                and not _empties_soon(cg):
             kept = None
             os.close(stderr)
             log.debug(f"call {call.call}: its process exited, the background runs on: "
