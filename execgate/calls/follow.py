@@ -249,8 +249,9 @@ def follow(call: ToolCall, pidfds: dict[int, int], pid_file: str | None, journal
 
     kept = stderr
     try:
-        if stderr is not None and not wait_empty(cg, tell_oom_now, exec_pid) \
-                and not _empties_soon(cg):
+        if stderr is None:
+            wait_empty(cg)
+        elif not wait_empty(cg, tell_oom_now, exec_pid) and not _empties_soon(cg):
             kept = None
             os.close(stderr)
             log.debug(f"call {call.call}: its process exited, the background runs on: "

@@ -163,3 +163,29 @@ def test_what_ends_just_after_the_calls_process_still_gets_its_note(tmp_path: Pa
         said += chunk
     t.join(timeout=15)
     assert b"[execgate]" in said, said  # the kill note, before EOF
+
+
+def test_a_call_followed_without_a_stream_ends_with_its_cgroup(tmp_path: Path) -> None:
+    """A call followed with no stream (one a restarted daemon picks up by its mark, a TTY
+    call's) is journaled when its cgroup empties, not at once: the early release of a stream
+    must not skip the wait (the e2e test of a daemon killed mid-call caught it)."""
+    import json
+
+    from execgate.calls.record import ToolCall
+    from execgate.oci.runclog import RuncLog
+
+    (tmp_path / "tool-1").mkdir()
+    cg = _cgroup(tmp_path / "tool-1", 1)
+    call = ToolCall("tool-1", "box", "box", str(cg), ["sleep", "60"])
+    call.admitted(True, 0.0)
+    call.start = time.time()
+    journal = tmp_path / "calls.jsonl"
+    t = threading.Thread(target=follow.follow, args=(
+        call, {}, None, str(journal), RuncLog(None, None), None, lambda _c: None))
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive() and not journal.exists()  # the call runs on
+    (cg / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    t.join(timeout=10)
+    assert not t.is_alive()
+    assert json.loads(journal.read_text())["call"] == "tool-1"
