@@ -67,6 +67,12 @@ def _followers() -> int:
     return sum(t.name.startswith("follow-") for t in threading.enumerate())
 
 
+def _journaled(journal: Path) -> list[bytes]:
+    """Every journal line, the rotated parts (calls.jsonl.1, .2 ...: retention) included."""
+    return [line for part in sorted(journal.parent.glob(journal.name + "*"))
+            for line in part.read_bytes().splitlines()]
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -108,11 +114,11 @@ def test_n_calls_through_the_daemon_leave_nothing_behind(tmp_path: Path) -> None
 
             def drained() -> bool:
                 d.engine.tick()
-                return not d.engine.calls and not _followers() and journal.exists() and \
-                    sum(1 for _ in journal.open("rb")) == N
+                return not d.engine.calls and not _followers() and \
+                    len(_journaled(journal)) == N
             deadline = time.monotonic() + 60
             while not drained():
-                lines = sum(1 for _ in journal.open("rb")) if journal.exists() else 0
+                lines = len(_journaled(journal))
                 assert time.monotonic() < deadline, (
                     f"not drained: {len(d.engine.calls)} calls, {lines} journal lines, "
                     f"{_followers()} followers, "
@@ -122,8 +128,8 @@ def test_n_calls_through_the_daemon_leave_nothing_behind(tmp_path: Path) -> None
             left = [p.name for b in boxes for p in b.iterdir() if p.name.startswith("tool-")]
             return {"n": N, "base": base, "samples": samples, "admission": view,
                     "fds": _fds(), "followers": _followers(), "tool_cgroups": left,
-                    "journal_lines": sum(1 for _ in journal.open("rb")),
-                    "calls_journaled": len({json.loads(x)["call"] for x in journal.open("rb")})}
+                    "journal_lines": len(_journaled(journal)),
+                    "calls_journaled": len({json.loads(x)["call"] for x in _journaled(journal)})}
 
     r = asyncio.run(scenario())
     out = os.environ.get("EXECGATE_SOAK_OUT")
