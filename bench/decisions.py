@@ -10,13 +10,13 @@ Pure functions over parsed lines; the runner does the I/O.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bench.metrics import percentile
+from execgate.common import records
 
 # Journal fields kept per call (the rest: argv, cgroup, ids, already in the call record).
 JOURNAL_FIELDS = ("call", "managed", "waited_s", "forced", "held_s", "killed_by_execgate",
@@ -28,20 +28,12 @@ _CLOCK_SLACK_S = 1.0
 
 def read_lines(path: str, offset: int = 0) -> list[dict[str, Any]]:
     """JSON lines of a file from a byte offset (bad lines skipped; a missing file: none)."""
-    out: list[dict[str, Any]] = []
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(e, dict):
-                    out.append(e)
+            return records.journal_entries(f)
     except OSError:
-        pass
-    return out
+        return []
 
 
 def _container_of(e: Mapping[str, Any]) -> str | None:

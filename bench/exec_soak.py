@@ -89,15 +89,12 @@ def _write_in(cg: str, path: str, kib: int) -> None:
 def _write_here(cg: str, home: str, path: str, kib: int) -> None:
     """The soak itself joins cg, writes a new file (charged to cg: pages stay with the cgroup
     that first charged them) and goes back home: no fork, so no process per cgroup."""
-    me = str(os.getpid())
-    with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-        f.write(me)
+    v2.move(os.getpid(), cg)
     try:
         with open(path, "wb") as f:
             f.write(os.urandom(kib * 1024))
     finally:
-        with open(os.path.join(home, "cgroup.procs"), "w") as f:
-            f.write(me)
+        v2.move(os.getpid(), home)
 
 
 def churn(n: int, step: int, kib: int = FILE_KIB, fork: bool = True,
@@ -108,7 +105,7 @@ def churn(n: int, step: int, kib: int = FILE_KIB, fork: bool = True,
         f.write("+memory +pids")
     home = os.path.join(top, "home")  # where the soak lives when it writes itself
     os.mkdir(home)
-    origin = _own_cgroup()
+    origin = v2.path_of_pid(os.getpid())
     boxes = []
     for k in range(parents):  # the containers' cgroups
         box = os.path.join(top, f"box-{k:03d}")
@@ -135,9 +132,7 @@ def churn(n: int, step: int, kib: int = FILE_KIB, fork: bool = True,
             if i % step == 0 or i == n:
                 samples.append(_sample(i, top, t0, None))
     finally:
-        if origin:
-            with open(os.path.join(CGROOT, origin.lstrip("/"), "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
+        v2.move(os.getpid(), origin)
         shutil.rmtree(scratch, ignore_errors=True)
         for box in boxes:
             for e in os.scandir(box):
@@ -151,10 +146,6 @@ def churn(n: int, step: int, kib: int = FILE_KIB, fork: bool = True,
     return {"mode": "churn", "n": n, "file_kib": kib, "fork": fork, "parents": parents,
             "samples": samples, "mkdir_refused": refused, "dying_after_files_removed": after}
 
-
-def _own_cgroup() -> str:
-    with open("/proc/self/cgroup") as f:
-        return next(line.split("::", 1)[1].strip() for line in f if line.startswith("0::"))
 
 
 def _bundle(tmp: str, cid: str) -> str:

@@ -146,13 +146,7 @@ def take_fail_open(state_dir: str) -> list[dict[str, Any]]:
     except OSError:
         return events
     else:
-        for line in data.splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(e, dict):
-                events.append(e)
+        events = journal_entries(data.splitlines())
     try:
         os.rename(path, aside)
     except OSError:
