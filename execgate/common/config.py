@@ -226,6 +226,33 @@ def _load(path: str | None, cache: str | None) -> Config:
     return cfg
 
 
+def refresh_front(path: str | None = None, cache: str | None = None) -> bool:
+    """The front's copy (and, once settled, the cache) from the config file as it is now, settled
+    or not. The daemon calls this when it starts and reloads: the runtime writes the copy only
+    once the file is SETTLE_NS old, so after a config change and a restart every call started
+    Python until one came later (the bench's five creates at once all did). True while the file
+    is unsettled: call again after SETTLE_NS, as an edit within the same timestamp tick would
+    leave this copy stale."""
+    path = path or os.environ.get("EXECGATE_CONFIG") or DEFAULT_PATH
+    cache = cache or CACHE_PATH
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            text = f.read()
+    except FileNotFoundError:
+        _front(cache, path, None, Config())
+        return False
+    except OSError:
+        return False
+    cfg = _parse(path, text)
+    _front(cache, path, st, cfg)
+    if not _settled(st):
+        return True
+    if key := _cache_key(path, st):
+        write_cache(cache, key, cfg)
+    return False
+
+
 def _front(cache: str, path: str, st: os.stat_result | None, cfg: Config) -> None:
     """The compiled front's copy of what it needs (common/frontconf.py), beside the cache."""
     from execgate.common import frontconf

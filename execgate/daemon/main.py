@@ -359,6 +359,23 @@ class Daemon:
             await asyncio.sleep(CATCH_UP_PAUSE_S)
 
 
+def keep_front_fresh(path: str | None) -> None:
+    """The compiled front's copy of the config, written by the daemon (config.refresh_front)
+    when it starts and reloads, and again once the file has settled. Only for the file the
+    runtime reads ($EXECGATE_CONFIG, else the default): a daemon run on another leaves it be."""
+    runtime_path = os.environ.get("EXECGATE_CONFIG") or config_mod.DEFAULT_PATH
+    if not path or os.path.abspath(path) != os.path.abspath(runtime_path):
+        return
+    try:
+        again = config_mod.refresh_front(runtime_path)
+    except Exception:  # a missed shortcut: the runtime writes it in time
+        log.exception("cannot write the front's copy of the config")
+        return
+    if again:
+        asyncio.get_running_loop().call_later(config_mod.SETTLE_NS / 1e9 + 0.1,
+                                              keep_front_fresh, path)
+
+
 async def run(cfg: config_mod.Config) -> None:
     settings, problems = settings_mod.load(cfg)
     for problem in problems:
@@ -378,6 +395,7 @@ async def run(cfg: config_mod.Config) -> None:
                     refuse_peer=daemon.refuse_peer)
     await server.start()
     log.info("listening on %s", cfg.socket)
+    keep_front_fresh(cfg.path)  # the calls right after a config change need no Python
     followed = daemon.exec.recover()  # calls a previous daemon placed: to their journal lines
     if followed:
         log.info("following again %d calls placed before the restart", followed)
@@ -404,6 +422,7 @@ async def run(cfg: config_mod.Config) -> None:
             daemon.reloader()
         except Exception:  # a reload never takes the daemon down
             log.exception("reload failed; the running settings are kept")
+        keep_front_fresh(cfg.path)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -129,3 +130,25 @@ def test_a_call_the_daemon_placed_is_journaled_after_the_daemon_dies(
              what="its journal line")
     assert time.monotonic() - t0 >= 55  # not before it ended
     wait_for(lambda: call not in tool_cgroups(container_cgroup(cid)), what="its cgroup gone")
+
+
+def test_after_a_config_change_and_a_restart_the_next_sandbox_needs_no_python(
+        containers: Containers) -> None:
+    """The daemon writes the front's copy of the config when it starts: before, the runtime
+    wrote it only for a call made once the file was 2 s old, so the creates right after a
+    change (the bench's five at once) each started Python."""
+    shutil.copy(CONFIG, CONFIG + ".orig")
+    try:
+        with open(CONFIG, "a") as f:
+            f.write("\n# edited by test_front\n")
+        systemctl("restart", "execgated")
+        wait_for(daemon_up, timeout=120, what="execgated to come up")
+        before = daemon_view()["lifecycle"]
+        with _no_python():
+            cid = containers.run()
+        assert daemon_view()["lifecycle"]["create"] == before["create"] + 1
+        assert docker("exec", cid, "true").returncode == 0
+    finally:
+        shutil.move(CONFIG + ".orig", CONFIG)
+        systemctl("restart", "execgated")
+        wait_for(daemon_up, timeout=120, what="execgated to come up")
