@@ -6,7 +6,9 @@ the state does not keep — how long each call waited, how long each hold lasted
 from the event bus (`execgatectl events`' feed), from the control loop (holds), and from the
 journal lines the engine reads (calls that ran unmanaged, while the daemon was down or
 silent). Names follow Prometheus' conventions: base units (bytes, seconds), `_total` for
-counters. The endpoint speaks just enough HTTP/1.0 for a scraper: GET /metrics, then close.
+counters. prometheus-client encodes each scrape (the text format, or OpenMetrics when the
+scraper asks for it); the endpoint speaks just enough HTTP/1.0 for a scraper: GET /metrics,
+then close.
 Names and labels: docs/protocol.md ("Metrics").
 """
 
@@ -26,7 +28,7 @@ from execgate.cgroups import v2
 from execgate.common import records
 
 from .engine import Engine
-from .exposition import CONTENT_TYPE, Histogram, Writer
+from .exposition import Histogram, Scrape
 from .reload import Reloader
 
 log = logging.getLogger("execgated")
@@ -122,9 +124,9 @@ class Metrics:
 
     # -- a scrape --------------------------------------------------------------------------------
 
-    def render(self, swapped: tuple[int, int] | None = None) -> str:
+    def render(self, swapped: tuple[int, int] | None = None) -> Scrape:
         e = self.engine
-        w = Writer()
+        w = Scrape()
         w.gauge("execgate_info", "execgate's version (always 1)",
                 samples=[({"version": __version__}, 1)])
         w.gauge("execgate_start_time_seconds", "When the daemon started (Unix time)",
@@ -189,9 +191,9 @@ class Metrics:
                       self.reloader.reloads)
             w.gauge("execgate_config_restart_needed", "Changed keys waiting for a restart",
                     len(self.reloader.restart))
-        return w.text()
+        return w
 
-    def _sandboxes(self, w: Writer) -> None:
+    def _sandboxes(self, w: Scrape) -> None:
         sa = self.engine.sandboxes.snapshot()
         totals = sa.get("totals") or {}
         w.gauge("execgate_sandboxes_live", "Live managed sandboxes in the domain",
@@ -203,7 +205,7 @@ class Metrics:
         w.histogram("execgate_sandbox_admission_wait_seconds",
                     "How long sandbox creates waited to start", self.sandbox_wait)
 
-    def _residency(self, w: Writer, swapped: tuple[int, int] | None) -> None:
+    def _residency(self, w: Scrape, swapped: tuple[int, int] | None) -> None:
         stats = self.engine.residency.stats
         w.counter("execgate_residency_reclaims_total", "memory.reclaim runs on idle sandboxes",
                   stats.get("reclaims", 0))
@@ -232,8 +234,9 @@ class Metrics:
 
     # -- the endpoint ----------------------------------------------------------------------------
 
-    async def scrape(self) -> str:
-        return self.render(await asyncio.to_thread(self.swapped))
+    async def scrape(self, accept: str = "") -> tuple[bytes, str]:
+        """The body and its Content-Type (the 0.0.4 text format, or OpenMetrics if asked)."""
+        return self.render(await asyncio.to_thread(self.swapped)).encode(accept)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -241,14 +244,17 @@ class Metrics:
                 head = await reader.readuntil(b"\r\n\r\n")
             if len(head) > REQUEST_MAX:
                 raise ValueError("request too long")
-            method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+            request, *headers = head.decode("latin-1").split("\r\n")
+            method, path, *_ = request.split()
+            accept = next((v.strip() for k, _, v in (h.partition(":") for h in headers)
+                           if k.strip().lower() == "accept"), "")
             if method not in ("GET", "HEAD"):
-                status, body, kind = "405 Method Not Allowed", "GET /metrics\n", "text/plain"
+                status, data, kind = "405 Method Not Allowed", b"GET /metrics\n", "text/plain"
             elif path.split("?", 1)[0] == "/metrics":
-                status, body, kind = "200 OK", await self.scrape(), CONTENT_TYPE
+                data, kind = await self.scrape(accept)
+                status = "200 OK"
             else:
-                status, body, kind = "404 Not Found", "GET /metrics\n", "text/plain"
-            data = body.encode()
+                status, data, kind = "404 Not Found", b"GET /metrics\n", "text/plain"
             writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: "
                          f"{len(data)}\r\nConnection: close\r\n\r\n".encode())
             if method != "HEAD":

@@ -14,10 +14,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_reload import SRC, _config, _engine
 
 from execgate.common.units import MiB
-from execgate.daemon.exposition import Histogram, Writer
+from execgate.daemon.exposition import Histogram, Scrape
 from execgate.daemon.metrics import Metrics
 
 
@@ -35,18 +36,37 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
-def test_the_text_format() -> None:
+def test_the_text_format_as_prometheus_reads_it() -> None:
     h = Histogram((0.5, 1))
     for v in (0.2, 0.5, 0.7, 3):
         h.observe(v)
-    w = Writer()
+    w = Scrape()
     w.counter("x_total", "a count", samples=[({"sandbox": 'a"b\\c\nd'}, 2)])
+    w.gauge("empty", "no sandbox yet", samples=[])
     w.histogram("wait_seconds", "waits", h)
-    assert w.text().splitlines() == [
-        "# HELP x_total a count", "# TYPE x_total counter", 'x_total{sandbox="a\\"b\\\\c\\nd"} 2',
-        "# HELP wait_seconds waits", "# TYPE wait_seconds histogram",
-        'wait_seconds_bucket{le="0.5"} 2', 'wait_seconds_bucket{le="1"} 3',
-        'wait_seconds_bucket{le="+Inf"} 4', "wait_seconds_sum 4.4", "wait_seconds_count 4"]
+    body, kind = w.encode()
+    assert kind.startswith("text/plain; version=0.0.4")
+    assert 'x_total{sandbox="a\\"b\\\\c\\nd"} 2.0' in body.decode().splitlines()
+    got = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert got["x"].type == "counter" and got["empty"].samples == []
+    (x,) = got["x"].samples
+    assert x.labels == {"sandbox": 'a"b\\c\nd'} and x.value == 2
+    assert [(s.name, s.labels.get("le"), s.value) for s in got["wait_seconds"].samples] == [
+        ("wait_seconds_bucket", "0.5", 2), ("wait_seconds_bucket", "1.0", 3),
+        ("wait_seconds_bucket", "+Inf", 4), ("wait_seconds_count", None, 4),
+        ("wait_seconds_sum", None, 4.4)]
+
+
+def test_a_scraper_that_asks_for_openmetrics_gets_it() -> None:
+    w = Scrape()
+    w.counter("x_total", "a count", 3)
+    body, kind = w.encode("application/openmetrics-text; version=1.0.0,text/plain;q=0.5")
+    assert kind.startswith("application/openmetrics-text")
+    assert body.decode().endswith("# EOF\n") and "x_total 3.0" in body.decode()
+
+
+def _text(metrics: Metrics, swapped: tuple[int, int] | None = None) -> str:
+    return metrics.render(swapped).encode()[0].decode()
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -150,7 +170,13 @@ def test_the_unix_socket_endpoint(tmp_path: Path) -> None:
             w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             answer = await r.read()
             assert answer.startswith(b"HTTP/1.0 200 OK\r\n")
-            assert b"\nexecgate_calls_running 0\n" in answer
+            assert b"\nexecgate_calls_running 0.0\n" in answer
+            r, w = await asyncio.open_unix_connection(path)
+            w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                    b"Accept: application/openmetrics-text; version=1.0.0\r\n\r\n")
+            answer = await r.read()
+            assert b"\r\nContent-Type: application/openmetrics-text" in answer
+            assert answer.endswith(b"# EOF\n")
         finally:
             server.close()
 
@@ -195,7 +221,7 @@ def test_the_example_dashboard_asks_only_for_metrics_the_daemon_serves(tmp_path:
     async def names() -> set[str]:
         _, eng = _engine(tmp_path)
         eng.tick()
-        return {line.split()[2] for line in Metrics(eng).render((0, 0)).splitlines()
+        return {line.split()[2] for line in _text(Metrics(eng), (0, 0)).splitlines()
                 if line.startswith("# TYPE ")}
 
     served = asyncio.run(names())
@@ -225,7 +251,7 @@ def test_the_runtimes_fail_open_events_are_counted_and_logged(
         records.note_fail_open(state, "no-exec-cgroup", "c3", "crun has no `exec --cgroup`")
         metrics.after_tick()  # the first two counted
         metrics.after_tick()  # the third
-    s = _samples(metrics.render())
+    s = _samples(_text(metrics))
     assert s['execgate_runtime_fail_open_total{kind="handler-error"}'] == 1
     assert s['execgate_runtime_fail_open_total{kind="not-prepared"}'] == 1
     assert s['execgate_runtime_fail_open_total{kind="no-exec-cgroup"}'] == 1

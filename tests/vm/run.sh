@@ -30,12 +30,14 @@ trap 'rm -rf "$payload"' EXIT
 mkdir -p "$wheels_cache"
 exec 8>"$wheels_cache.lock"
 flock 8
-if [[ ! -f $wheels_cache/.done ]]; then
+# The marker names what was downloaded: a cache from before a new dependency is topped up.
+wheels=("msgpack>=1.0" "prometheus-client>=0.17" "setuptools>=61" wheel)
+marker=$wheels_cache/.done-$(printf '%s\n' "${wheels[@]}" | cksum | cut -d' ' -f1)
+if [[ ! -f $marker ]]; then
     python3 -m pip download --quiet --disable-pip-version-check -d "$wheels_cache" \
         --only-binary=:all: --python-version 3.13 --platform manylinux2014_x86_64 \
-        --platform manylinux_2_17_x86_64 --implementation cp \
-        "msgpack>=1.0" "setuptools>=61" wheel
-    touch "$wheels_cache/.done"
+        --platform manylinux_2_17_x86_64 --implementation cp "${wheels[@]}"
+    touch "$marker"
 fi
 exec 8>&-
 mkdir -p "$payload/wheels"
