@@ -25,8 +25,9 @@
  *
  * The config: this program never reads config.toml. The Python runtime writes what the front
  * needs, resolved (common/frontconf.py: FRONT_CONF, beside its config cache, in tmpfs), with the
- * stat of the config file and of the modules that resolved it. The front uses it only while
- * those still match and the file is ours (owner, mode); else Python runs, and writes it again.
+ * stat of the config file and of the modules that resolved it; the daemon writes it too when it
+ * starts and reloads. The front uses it only while those still match and the file is ours
+ * (owner, mode); else Python runs, and writes it again.
  * The config file's path is found as config.py finds it: $EXECGATE_CONFIG, else DEFAULT_CONFIG.
  * The real runtime is found as oci/runc.py's find() does: each candidate, a path as is or a name
  * looked up in $PATH then SEARCH_PATH, the first executable that is not execgate itself (its
