@@ -177,8 +177,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cfgs = {s.name: bench_config({}, s, domain="/sim", admission_wait_s=args.admission_wait)
             if s.daemon or s.runtime == "execgate" else None for s in schemes}
     for s in schemes:
-        if s.daemon and args.start_wait is not None:
-            cfgs[s.name].setdefault("sandbox_admission", {})["max_start_wait_s"] = args.start_wait
+        _start_wait(cfgs[s.name] if s.daemon else None, args.start_wait)
     first: dict[str, str] = {}  # run key -> the first scheme with it; the others share its run
     same = {s.name: first.setdefault(sim_schemes.run_key(s, cfgs[s.name]), s.name)
             for s in schemes}
@@ -235,7 +234,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     lines = [f"bench.replay sweep {' '.join(args.replay_args)}", f"cost {cost.source}; swap-out "
              f"{args.swap_bandwidth_mib:g} MiB/s, swap-in {probe.swap_in_bps / MiB:g} MiB/s, "
              f"ratio {rargs.fill_ratio:g}; {'hot' if w.hot_calls else 'cold'} calls; tick "
-             f"{args.tick:g} s; {_policy_line()}", "",
+             f"{args.tick:g} s; {_policy_line()}"
+             + ("" if args.start_wait is None else f"; max start wait {args.start_wait:g} s"), "",
              "| point | scheme | done | OOM kills | init kills | makespan s | P50 s | "
              "refaults MiB | stall s | daemon |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -259,6 +259,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                admission_wait_s=rargs.admission_wait,
                                scale_daemon=not rargs.no_scale_daemon, swap=p.swap) \
                 if s.daemon or s.runtime == "execgate" else None
+            _start_wait(cfg if s.daemon else None, args.start_wait)
             r = simulate(s, list(p.tasks), arrivals, p.budget, settings, cfg)
             m, d = r["metrics"], r.get("daemon") or {}
             brief = (f"admitted {d['admitted']} forced {d['forced']}, reclaims {d['reclaims']} "
@@ -286,6 +287,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
              "swap_bandwidth_mib": args.swap_bandwidth_mib, "runs": out},
             indent=1, default=str) + "\n")
     return 0
+
+
+def _start_wait(cfg: dict[str, Any] | None, wait: float | None) -> None:
+    """[sandbox_admission] max_start_wait_s set in a daemon scheme's config, when asked."""
+    if cfg is not None and wait is not None:
+        cfg.setdefault("sandbox_admission", {})["max_start_wait_s"] = wait
+
+
+START_WAIT_HELP = ("[sandbox_admission] max_start_wait_s (inf: creates wait as long as it "
+                   "takes, as Docker lets them)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -321,9 +332,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--static-k", default="50,100,200")
     s.add_argument("--cost", default="hw", help="hw | none | fixed:RUN,EXEC,RM | RESULTS file")
     s.add_argument("--admission-wait", type=float, default=None)
-    s.add_argument("--start-wait", type=float, default=None,
-                   help="[sandbox_admission] max_start_wait_s (inf: creates wait as long as "
-                        "it takes, as Docker lets them)")
+    s.add_argument("--start-wait", type=float, default=None, help=START_WAIT_HELP)
     s.add_argument("--swap", action="store_true", help="compressed swap (default off)")
     s.add_argument("--swap-ratio", type=float, default=3.0)
     s.add_argument("--zram", action="store_true", help="swap's compressed copies not charged to "
@@ -360,6 +369,7 @@ def _parser() -> argparse.ArgumentParser:
                         "while cold pages are left (default 1: hot pages go last)")
     r.add_argument("--tick", type=float, default=0.1)
     r.add_argument("--sandbox-period", type=float, default=0.1)
+    r.add_argument("--start-wait", type=float, default=None, help=START_WAIT_HELP)
     r.add_argument("--out")
     r.add_argument("--name", default="replay", help="NAME.md and NAME.json in --out")
     r.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "

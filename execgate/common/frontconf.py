@@ -2,10 +2,11 @@
 real runtime without starting Python, resolved here so that C never parses TOML.
 
 Written by the Python runtime beside its config cache (config.load_cached) and by the daemon
-when it starts and reloads (config.refresh_front), read by the front on every call. One `key value` line each: `config` and `code` name the config file and the modules
-that resolve it, with their stat (`dev ino size mtime_ns ctime_ns`; `-` for a config file that
-does not exist). The front trusts the rest only while every one still matches, so an edit of
-the config or an upgrade of execgate sends calls to Python until Python writes the file again.
+when it starts and reloads (config.refresh_front), read by the front on every call. One
+`key value` line each: `config` and `code` name the config file and the modules that resolve
+it, with their stat (`dev ino size mtime_ns ctime_ns`; `-` for a config file that does not
+exist). The front trusts the rest only while every one still matches, so an edit of the config
+or an upgrade of execgate sends calls to Python until Python writes the file again.
 `socket` and `daemon_timeout_ms` are the daemon's, for the managed execs the front hands it
 (daemon/exec_op.py).
 A config with problems to report, or a debug log to write, gets no file: every call goes through
