@@ -39,6 +39,7 @@ from .growth_gate import GrowthGate
 from .idle_room import IdleRoom
 from .idle_sandboxes import Residency
 from .journal_follow import JournalFollower
+from .journal_reader import JournalReader
 from .predictor import Predictor
 from .probe_monitor import ProbeMonitor
 from .retention import Retention
@@ -144,6 +145,8 @@ class Engine:
         self.admission = Admission(settings.admission, self.estimator, clock)
         self.store = open_store(settings.daemon.store)
         self.journal = JournalFollower(cfg.journal, self.store)
+        self.journal_reader: JournalReader | None = None  # the daemon's thread reads ahead
+        self.journal_taps: list[Callable[[list[dict[str, Any]]], None]] = []  # (metrics)
         self.unlearned = 0  # journal lines with a value of the wrong type
         self.retention = Retention(settings.retention, cfg.journal, cfg.state_dir, self.store,
                                    self.journal)
@@ -458,15 +461,35 @@ class Engine:
             return now - call.empty_since > max(EMPTIED_S, grace)
         return now - call.admitted_at > max(NEVER_POPULATED_S, grace)
 
+    @property
+    def journal_behind(self) -> bool:
+        """Journal lines are waiting to be applied (the next step takes more)."""
+        reader = self.journal_reader
+        return reader.behind if reader is not None else self.journal.behind
+
     def follow_journal(self) -> None:
         """New journal lines, chunk by chunk, for at most about JOURNAL_STEP_S; what is left
-        waits for the next step (self.journal.behind)."""
+        waits for the next step (journal_behind). With a JournalReader the chunks were read
+        and parsed in its thread: here they are only applied, and their position saved."""
         deadline = time.perf_counter() + JOURNAL_STEP_S
+        reader = self.journal_reader
         while True:
+            position = None
+            if reader is None:
+                entries = self.journal.read_new()
+            else:
+                chunk = reader.take()
+                if chunk is None:
+                    return
+                entries, position = chunk
             with self.store.batch():
-                for entry in self.journal.read_new():
+                for entry in entries:
                     self._journaled(entry)
-            if not self.journal.behind or time.perf_counter() >= deadline:
+                if position is not None:
+                    self.journal.save(position)
+            for tap in self.journal_taps:
+                tap(entries)
+            if not self.journal_behind or time.perf_counter() >= deadline:
                 return
 
     def _journaled(self, entry: dict[str, Any]) -> None:

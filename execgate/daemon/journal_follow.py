@@ -2,8 +2,9 @@
 rotations.
 
 A backlog (a daemon down for hours on a busy host: a million lines) is read a chunk per call,
-never in one go: memory stays bounded by the chunk, and the event loop is never held for long
-(the engine spends a bounded time per step; issue 20). The position (inode:offset) is kept in
+never in one go: memory stays bounded by the chunk. In the daemon the reads (and their JSON)
+run in a thread (journal_reader.py) and the loop only applies the chunks, a bounded time per
+step (issue 20). The position (inode:offset) is kept in
 the store, so a restart resumes where it left off, in a rotated file if the daemon rotated
 meanwhile. A writer that opened the journal just before a rotation appends its line to the file
 rotated away: that file is still read for LATE_S after the follower moved on, so no line is
@@ -47,11 +48,21 @@ class JournalFollower:
         self.clock = clock
         saved = (store.get_meta("journal_pos") or "0:0").split(":")
         self.inode, self.offset = int(saved[0]), int(saved[1])
+        # The position kept in the store: where a restart resumes, and how far the lines have
+        # been taken in. With a JournalReader, reads run ahead of it in a thread (save=False)
+        # and the loop saves each chunk's position once it has applied the chunk.
+        self.saved = (self.inode, self.offset)
+        self.saving = True
         self.fd: int | None = None  # the file being read, once opened
         self.left: list[_Left] = []
         self.behind = True  # the last read stopped short of the end: call again soon
         self.skipping = False  # inside an over-long line, dropped up to its end
         self.failing = False  # the store refused the last position
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(inode, offset) read up to."""
+        return self.inode, self.offset
 
     def read_new(self, max_bytes: int = CHUNK_BYTES) -> list[dict[str, Any]]:
         """The entries of at most about max_bytes of new whole lines (one whole line at
@@ -151,12 +162,20 @@ class JournalFollower:
         return records.journal_entries(data.splitlines())
 
     def _moved(self, inode: int, offset: int) -> None:
-        """The new position, kept in the store (where a restart resumes)."""
+        """The new position; kept in the store at once unless a reader thread reads ahead."""
         if (inode, offset) == (self.inode, self.offset) and self.inode:
             return
         self.inode, self.offset = inode, offset
+        if self.saving:
+            self.save((inode, offset))
+
+    def save(self, position: tuple[int, int]) -> None:
+        """Keep a position in the store (where a restart resumes); lines up to it are taken."""
+        if position == self.saved and position[0]:
+            return
+        self.saved = position
         try:  # a full or locked store must not stop the read
-            self.store.set_meta("journal_pos", f"{inode}:{offset}")
+            self.store.set_meta("journal_pos", f"{position[0]}:{position[1]}")
             self.failing = False
         except sqlite3.Error as e:
             if not self.failing:  # once, not every period

@@ -30,6 +30,7 @@ from . import settings as settings_mod
 from .engine import Engine
 from .exec_op import ExecOp
 from .inside.agents import InsideAgents
+from .journal_reader import JournalReader
 from .lifecycle_op import LifecycleOp
 from .metrics import Metrics
 from .reload import Reloader
@@ -350,7 +351,7 @@ class Daemon:
     async def catch_up(self, end: float) -> None:
         """While the journal has a backlog, bounded steps of it until the next tick is due
         (monotonic `end`), with the requests that arrived served between them."""
-        while self.engine.journal.behind and not self.engine.wake.is_set() and \
+        while self.engine.journal_behind and not self.engine.wake.is_set() and \
                 time.monotonic() < end:
             try:
                 self.engine.follow_journal()
@@ -389,6 +390,8 @@ async def run(cfg: config_mod.Config) -> None:
     learned = engine.warm_up()
     adopted = engine.rediscover()
     engine.growth.start()
+    engine.journal_reader = JournalReader(engine.journal)  # reads and parses off the loop
+    engine.journal_reader.start()
     log.info("domain %s; learned from %d past calls; adopted %d running calls; thawed %d "
              "idle sandboxes", engine.domain.describe(), learned, adopted, thawed)
     server = Server(cfg.socket, daemon.handlers, allowed_uids={0},
@@ -434,6 +437,7 @@ async def run(cfg: config_mod.Config) -> None:
     if metrics_server is not None:
         metrics_server.close()
     inside.stop()
+    engine.journal_reader.stop()
     engine.probes.stop()
     await server.close()
     engine.residency.stop()

@@ -94,16 +94,8 @@ class Metrics:
         self.unmanaged += sum(1 for e in entries if e.get("managed") is False)
 
     def tap_journal(self) -> None:
-        """Count the journal lines the engine's follower reads, as it reads them."""
-        follower = self.engine.journal
-        read = follower.read_new
-
-        def read_new() -> list[dict[str, Any]]:
-            entries = read()
-            self.journal_entries(entries)
-            return entries
-
-        follower.read_new = read_new  # type: ignore[method-assign]
+        """Count the journal lines the engine applies, as it applies them."""
+        self.engine.journal_taps.append(self.journal_entries)
 
     async def follow(self) -> None:
         """Observe the event bus until cancelled."""

@@ -141,7 +141,7 @@ class Retention:
         reads the current one."""
         names = journal.rotated(self.path)
         inodes = [journal.inode(name) for name in names]
-        at = self.follower.inode
+        at = self.follower.saved[0]  # taken in, not only read ahead
         if at == journal.inode(self.path):
             return set(names)
         if at not in inodes:

@@ -123,3 +123,70 @@ def test_the_control_loop_takes_the_backlog_in_steps_between_requests(
     asyncio.run(scenario())
     assert not eng.journal.behind and eng.store.count() == 3000
     assert turns > 10  # served between the steps
+
+
+def test_the_reader_thread_reads_and_parses_off_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20: the backlog followed off the event loop: the daemon's thread reads and parses,
+    the loop only applies what it read (in steps, between requests) and saves the position."""
+    import threading
+
+    from execgate.daemon.journal_reader import JournalReader
+    from execgate.daemon.main import Daemon
+
+    eng, _, journal = _engine(tmp_path, budget=1 << 30, used=64 * MiB)
+    _journal(journal, 3000)
+    monkeypatch.setattr(engine_mod, "JOURNAL_STEP_S", 0.0)  # one chunk a step
+    readers: set[str] = set()
+    read = eng.journal.read_new
+
+    def read_new(*a: object, **kw: object) -> list[dict]:
+        readers.add(threading.current_thread().name)
+        return read(*a, **kw)
+
+    eng.journal.read_new = read_new  # type: ignore[method-assign]
+    daemon = Daemon(eng.cfg, eng)
+    eng.journal_reader = JournalReader(eng.journal, depth=2)
+    eng.journal_reader.start()
+
+    async def scenario() -> None:
+        deadline = time.monotonic() + 60
+        while (eng.store.count() or 0) < 3000 and time.monotonic() < deadline:
+            await daemon.catch_up(time.monotonic() + 1)
+            assert eng.journal_reader.chunks.qsize() <= 2  # read ahead, bounded
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        eng.journal_reader.stop()
+    assert eng.store.count() == 3000
+    assert readers == {"journal-reader"}, readers  # never on the loop's thread
+    end = (journal.stat().st_ino, journal.stat().st_size)
+    assert eng.store.get_meta("journal_pos") == f"{end[0]}:{end[1]}"
+
+
+def test_a_restart_resumes_after_what_was_applied_not_what_was_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from execgate.daemon.journal_follow import JournalFollower
+    from execgate.daemon.journal_reader import JournalReader
+
+    eng, _, journal = _engine(tmp_path, budget=1 << 30, used=64 * MiB)
+    _journal(journal, 3000)
+    monkeypatch.setattr(engine_mod, "JOURNAL_STEP_S", 0.0)
+    reader = eng.journal_reader = JournalReader(eng.journal, depth=3)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not reader.chunks.full():  # three chunks read ahead, none applied
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert eng.store.get_meta("journal_pos") in (None, "0:0")
+    eng.follow_journal()  # one applied
+    reader.stop()
+    applied = eng.store.count() or 0
+    assert 0 < applied < 3000
+    again = JournalFollower(str(journal), eng.store)  # the restarted daemon's
+    rest = 0
+    while again.behind:
+        rest += len(again.read_new())
+    assert applied + rest == 3000  # none lost, none twice
