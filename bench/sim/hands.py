@@ -84,6 +84,7 @@ _VIEW_FIELDS = {f.name for f in dataclasses.fields(SandboxView)}
 _PLAN_ROOM = "room" in inspect.signature(plan).parameters
 _STEP_ROOM = "idle_room" in inspect.signature(Admission.step).parameters
 _LIVE_COLD = _sa is not None and "cold_bytes" in {f.name for f in dataclasses.fields(LiveSandbox)}
+_LIVE_SWAP = _sa is not None and "swap_bytes" in {f.name for f in dataclasses.fields(LiveSandbox)}
 _SNAP_SWAP = _sa is not None and "swap_free_bytes" in {
     f.name for f in dataclasses.fields(_sa.DomainSnapshot)}
 _ASSESS = inspect.signature(assess_pressure).parameters
@@ -176,6 +177,9 @@ class ExecgateHands:
         # when count_cold; a create admitted on pushable bytes asks residency for them).
         self.sandboxes = sandbox_admission
         self.box_waiting: dict[str, int | None] = {}  # queued creates: their first call's peak
+        # Admitted creates whose docker run is still going: the daemon has their record (runc
+        # create ran) long before the simulated run ends, so they are live, empty, to it.
+        self.in_flight: dict[str, int] = {}  # -> next-call peak
         self.next_peak: dict[str, int] = {}  # live sandbox -> predicted peak of its queued call
         self.box_peaks: dict[str, int] = {}  # live sandbox -> largest call peak so far
         # live sandbox -> (started, its calls' peak x duration so far): its call load
@@ -224,11 +228,17 @@ class ExecgateHands:
         # configured default
         peak = peak or self.box_peaks.get(b.id) or self.sandboxes.config.default_call_peak_bytes
         kept = self.res.swap_kept()  # admission counts what a push frees (zswap: less)
+        kw: dict[str, int] = {}  # the fields this revision's LiveSandbox has
         if not idle:
-            extra = (self.res.cold_bytes(b, kept=kept),) if self.count_cold else ()
-            return LiveSandbox(b.id, resident, 0, None, peak or 0, *extra), idle
-        return LiveSandbox(b.id, resident, self.res.reclaimable_bytes(b, kept=kept),
-                           now - b.last_active, peak or 0), idle
+            if self.count_cold:
+                kw["cold_bytes"], swap = self.res.cold_parts(b, kept=kept)
+                if _LIVE_SWAP:
+                    kw["swap_bytes"] = swap
+            return LiveSandbox(b.id, resident, 0, None, peak or 0, **kw), idle
+        reclaim, swap = self.res.reclaimable_parts(b, kept=kept)
+        if _LIVE_SWAP:
+            kw["swap_bytes"] = swap
+        return LiveSandbox(b.id, resident, reclaim, now - b.last_active, peak or 0, **kw), idle
 
     def _residency_view(self, b: SimBox, now: float) -> tuple[SandboxView, bool]:
         """Residency's view: idle unless a call of it is submitted and not yet released."""
@@ -256,6 +266,12 @@ class ExecgateHands:
             return []
         assert self._live_views is not None
         live = self._live_views.read(self.clock())
+        if self.in_flight:
+            boxes = self.domain.boxes
+            for bid in [b for b in self.in_flight if b in boxes]:
+                del self.in_flight[bid]
+            live = [*live, *(LiveSandbox(bid, 0, 0, None, peak)
+                             for bid, peak in self.in_flight.items())]
         running = [int(max(c.charge, self.calls[cid].declared_bytes or 0))
                    for cid, c in self.running.items() if cid in self.calls]
         margin = self.reading.safety_margin if self.reading is not None else 0
@@ -281,6 +297,8 @@ class ExecgateHands:
                 if d.verdict is _sa.Verdict.ADMITTED and (pushable or absorbed) and deficit > 0:
                     self.res.make_room(max(self.res.room_wanted(), deficit))
                     self.stats.sandbox_room_asks += 1
+                self.in_flight[d.sandbox_id] = (self.box_waiting.get(d.sandbox_id)
+                                                or self.sandboxes.config.default_call_peak_bytes)
                 self.box_waiting.pop(d.sandbox_id, None)
                 self.sandbox_waits.append(d.waited_s)
                 self.sandbox_fail_open += d.verdict is _sa.Verdict.FAIL_OPEN
@@ -295,6 +313,7 @@ class ExecgateHands:
         self.ended.discard(box.id)
         self.frozen.discard(box.id)
         self.reclaimed.discard(box.id)
+        self.in_flight.pop(box.id, None)
         if self.sandboxes is None:
             return
         started, area = self.box_load.pop(box.id, (None, 0.0))

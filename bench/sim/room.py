@@ -62,15 +62,26 @@ class SimResidency:
 
     def reclaimable_bytes(self, b: SimBox, busy: Collection[str] | None = None,
                           room: float | None = None, kept: float = 0.0) -> int:
+        return self.reclaimable_parts(b, busy, room, kept)[0]
+
+    def reclaimable_parts(self, b: SimBox, busy: Collection[str] | None = None,
+                          room: float | None = None, kept: float = 0.0) -> tuple[int, int]:
+        """As the daemon's: what a reclaim frees, and the anonymous part it moves to swap."""
         if b.id in self.reclaimed or b.id in (self.busy() if busy is None else busy):
-            return 0
+            return 0, 0
         anon = min(b.anon, self.swap_room() if room is None else room)
         moved = max(min(b.cache + anon, b.anon + b.cache - self.cfg.keep_bytes), 0)
         file = min(b.cache, moved)
-        return int(file + (moved - file) * (1.0 - kept))
+        return int(file + (moved - file) * (1.0 - kept)), int(moved - file)
 
     def cold_bytes(self, b: SimBox, room: float | None = None, kept: float = 0.0) -> int:
-        return int(min(b.anon, self.swap_room() if room is None else room) * (1.0 - kept))
+        return self.cold_parts(b, room, kept)[0]
+
+    def cold_parts(self, b: SimBox, room: float | None = None, kept: float = 0.0
+                   ) -> tuple[int, int]:
+        """As the daemon's: an active sandbox's cold bytes, and the anonymous part of them."""
+        anon = min(b.anon, self.swap_room() if room is None else room)
+        return int(anon * (1.0 - kept)), int(anon)
 
     def pushable(self, cold: bool = False) -> int:
         busy = self.busy()

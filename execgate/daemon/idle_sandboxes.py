@@ -155,17 +155,22 @@ class Residency:
         else its inactive LRU lists; anonymous pages as far as swap has room. Its running calls
         live in their own cgroups, so they are not counted. kept: as `swap_kept` (the bytes
         then are what the push frees, not what it moves)."""
+        return self.cold_parts(cid, host_free, kept)[0]
+
+    def cold_parts(self, cid: str, host_free: int | None = None, kept: float = 0.0
+                   ) -> tuple[int, int]:
+        """cold_bytes, and the anonymous part of them (what goes to swap)."""
         box = self.boxes.get(cid)
         if box is None:
-            return 0
+            return 0, 0
         init = container.init_leaf(box.cgroup)
         stat = v2.read_keyed(init, "memory.stat")
         if not stat:
-            return 0
+            return 0, 0
         quiet = self._init_quiet(box, init)
         file, anon = (("file", "anon") if quiet else ("inactive_file", "inactive_anon"))
-        return freed_bytes(stat.get(file, 0),
-                           min(stat.get(anon, 0), self._swap_room(box, host_free)), kept)
+        swapped = min(stat.get(anon, 0), self._swap_room(box, host_free))
+        return freed_bytes(stat.get(file, 0), swapped, kept), swapped
 
     def _init_quiet(self, box: Box, init: str) -> bool:
         """Whether init/ used at most busy_cpu since the last look (at least CPU_WINDOW_S
@@ -203,20 +208,24 @@ class Residency:
         current (its memory.current) are read here when the caller has not read them. kept:
         as `swap_kept`, for what the reclaim frees (admission's room) rather than what it
         moves (residency's ask)."""
+        return self.reclaimable_parts(cid, busy, host_free, current, kept)[0]
+
+    def reclaimable_parts(self, cid: str, busy: set[str] | None = None,
+                          host_free: int | None = None, current: int | None = None,
+                          kept: float = 0.0) -> tuple[int, int]:
+        """reclaimable_bytes, and the anonymous part of what it moves (what goes to swap)."""
         box = self.boxes.get(cid)
         if box is None or box.reclaimed or cid in (set(self.busy()) if busy is None else busy):
-            return 0
+            return 0, 0
         stat = v2.read_keyed(box.cgroup, "memory.stat")
         if not stat:
-            return 0
+            return 0, 0
         anon = min(stat.get("anon", 0), self._swap_room(box, host_free))
         if current is None:
             current = v2.read_int(box.cgroup, "memory.current") or 0
         moved = max(min(stat.get("file", 0) + anon, current - self.cfg.keep_bytes), 0)
-        if not kept:
-            return moved
         file = min(stat.get("file", 0), moved)
-        return freed_bytes(file, moved - file, kept)
+        return (freed_bytes(file, moved - file, kept) if kept else moved), moved - file
 
     def _swap_room(self, box: Box, host_free: int | None = None) -> int:
         free = self.swap_free() if host_free is None else host_free

@@ -254,15 +254,15 @@ class Sandboxes:
             total += mem
             resident = max(mem - in_calls.get(box.cid, 0), 0)
             idle: float | None = None
-            reclaim = cold = 0
+            reclaim = cold = swap = 0
             held = res.boxes.get(box.cid) if pushes and box.cid not in busy else None
             if held is not None and held.busy is not True:  # not at work without a call
                 idle = max(now - max(activity.get(box.cid, box.created), box.created), 0.0)
-                reclaim = res.reclaimable_bytes(box.cid, busy, free, kept=kept)
+                reclaim, swap = res.reclaimable_parts(box.cid, busy, free, kept=kept)
             elif self.headroom.count_cold:
-                cold = res.cold_bytes(box.cid, free, kept)
+                cold, swap = res.cold_parts(box.cid, free, kept)
             peak = queued.get(box.cid) or box.call_peak or self.cfg.default_call_peak_bytes
-            live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak, cold))
+            live.append(LiveSandbox(box.cid, resident, reclaim, idle, peak, cold, swap))
         running = [max(int(c.extra.get("charge") or 0), c.last_mem) for c in calls.values()]
         # Room swap offers a baseline arriving: the host's free swap, within the swap.max
         # the runtime gives each sandbox ([residency] swap_max; "" writes none)
@@ -271,7 +271,8 @@ class Sandboxes:
         # what swap-out frees per second (under zswap, less the compressed copies it keeps)
         rate = res.swap_out_bytes_per_s(self.headroom.swap_out_bytes_per_s) * (1.0 - kept)
         return DomainSnapshot(reading.budget, reading.safety_margin, live, running,
-                              max(used - total, 0), room if pushes else 0, rate)
+                              max(used - total, 0), room if pushes else 0, rate,
+                              free if pushes else 0)
 
     def _rescan(self, now: float, calls: Mapping[str, Any]) -> None:
         """Follow the records: new sandboxes join, removed ones teach their image's baseline."""

@@ -9,7 +9,9 @@ the runtime's `create` (nothing in its cgroup yet) until
         <= budget - S
 
 pinned: memory outside tool calls that cannot be pushed out — active sandboxes' resident memory
-(less their cold pages), idle sandboxes' resident memory less what they can give back — plus
+(less their cold pages), idle sandboxes' resident memory less what they can give back, and
+what of those anonymous pages the free swap cannot hold (each sandbox's figure counts the
+whole free swap; summed, they share it: `headroom.swap_over_promised`) — plus
 what live sandboxes have yet to grow to (`reserve_growth`): a sandbox's calls leave files and
 caches behind, up to the baseline its image's sandboxes ended with (their mean, with
 learn_from_live: summed over many, the mean is what they come to), and what swap's free room
@@ -84,7 +86,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from execgate.policy.frozen import frozen
-from execgate.policy.headroom import LiveSandbox
+from execgate.policy.headroom import LiveSandbox, swap_over_promised
 from execgate.policy.pressure import fmt_bytes
 
 
@@ -297,6 +299,9 @@ class DomainSnapshot:
     other_bytes: int = 0
     swap_free_bytes: int = 0
     swap_out_bytes_per_s: float = 0.0
+    # The free swap the live sandboxes share (the host's; swap_free_bytes is what one arriving
+    # sandbox may use, within its swap.max); None: swap_free_bytes.
+    swap_shared_bytes: int | None = None
 
     @property
     def room_bytes(self) -> int:
@@ -591,13 +596,20 @@ class SandboxAdmission:
         grows_to = ({image: self._grows_to(image) for image in self._per_image}
                     if cfg.learn_from_live else None)
         pinned, arriving, growing, top = self._pinned(snap, now, grows_to)
+        # The free swap is shared: what the live sandboxes would push out takes it first (what
+        # it cannot take stays resident: pinned), then the arrivals, then the growth to come.
+        shared = snap.swap_free_bytes if snap.swap_shared_bytes is None \
+            else snap.swap_shared_bytes
+        over, swap_left = swap_over_promised(snap.sandboxes, shared)
+        pinned += over
+        swap_left = min(swap_left, snap.swap_free_bytes)
         running = sum(max(c, 0) for c in snap.running_call_bytes)
         load = self.call_load()
         loads = self._load_of
-        absorbed = self.absorbable(snap)
+        absorbed = self.absorbable(snap, swap_left)
         # Settled sandboxes' growth comes over their lives: swap's free room (beyond what the
         # arrivals take) absorbs it as it comes; what it cannot is as good as pinned.
-        growth = max(growing - max(snap.swap_free_bytes - absorbed, 0), 0)
+        growth = max(growing - max(swap_left - absorbed, 0), 0)
         pinned += growth
         # top: the largest (next-call peak, id) so far, kept as sandboxes start: one pass over
         # the live sandboxes per step, not one per queued create (1,000 sandboxes made it the
@@ -734,12 +746,14 @@ class SandboxAdmission:
             return list(self._queue.values())
         return sorted(self._queue.values(), key=lambda e: (e.arrival, e.seq))
 
-    def absorbable(self, snap: DomainSnapshot) -> int:
+    def absorbable(self, snap: DomainSnapshot, swap_free: int | None = None) -> int:
         """What swap can take of arriving baselines: its bandwidth over a start (measured, else
-        default_start_s), within its free room; 0 without swap."""
+        default_start_s), within its free room (swap_free: what the live sandboxes leave of
+        it); 0 without swap."""
         start_s = self.config.default_start_s if self.start_s is None else self.start_s
         moved = int(max(snap.swap_out_bytes_per_s, 0.0) * start_s)
-        return max(min(moved, snap.swap_free_bytes), 0)
+        free = snap.swap_free_bytes if swap_free is None else swap_free
+        return max(min(moved, free), 0)
 
     def _pinned(self, snap: DomainSnapshot, now: float, grows_to: dict[str, int] | None
                 ) -> tuple[int, int, int, tuple[int, str] | None]:

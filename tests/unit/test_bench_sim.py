@@ -280,3 +280,20 @@ def test_schemes_with_one_run_key_have_one_result() -> None:
         return {k: v for k, v in r.items() if k not in ("scheme", "family")}
 
     assert result(eg) == result(sa)
+
+
+def test_the_burst_at_15x_with_1_gib_of_zram_ends_without_an_oom_kill(tmp_path) -> None:
+    """Issue 15's 15x point (64 of the generator's tasks at once, hardware costs): sandbox
+    admission counted each live sandbox's cold pages against the whole free swap, let 56 in
+    within 3 s, and the swap filled (20 OOM kills, 322 s); with the room shared out, none."""
+    import json
+
+    assert cli.main(["replay", "--cost", "hw", "--out", str(tmp_path), "--name", "x15", "--",
+                     "--tasks", "64", "--seed", "13", "--mem-scale", "6", "--cpu-scale", "0",
+                     "--oversub", "15", "--swap", "on", "--zram-size", "1g", "--workload",
+                     "burst", "--speed", "10", "--admission-wait", "60",
+                     "--schemes", "execgate"]) == 0
+    (run,) = json.loads((tmp_path / "x15.json").read_text())["runs"]
+    m = run["metrics"]
+    assert m["oversubscription"] > 14.9 and m["tasks_completed"] == 64
+    assert m["oom_kills"] == 0
