@@ -89,12 +89,13 @@ class SimResidency:
         kept = self.swap_kept()
         cold = cold and room > 0  # no swap room: no active sandbox's page can leave
         total = 0
-        for b in self.domain.boxes.values():
-            if b.id in busy:
-                if cold:
-                    total += self.cold_bytes(b, room, kept)
-            else:
-                total += self.reclaimable_bytes(b, busy, room, kept)
+        for b in self.domain.boxes.values():  # the swap room is shared, as the daemon's
+            if b.id in busy and not cold:
+                continue
+            got, swapped = (self.cold_parts(b, room, kept) if b.id in busy
+                            else self.reclaimable_parts(b, busy, room, kept))
+            total += got
+            room = max(room - swapped, 0)
         self.last_pushable = total
         return total
 

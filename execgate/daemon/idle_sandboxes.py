@@ -118,9 +118,15 @@ class Residency:
         cold: and what the kernel can swap out of active ones (`cold_bytes`)."""
         self._rescan()
         busy, free, kept = set(self.busy()), self.swap_free(), self.swap_kept()
-        return sum(self.cold_bytes(cid, free, kept) if cid in busy
-                   else self.reclaimable_bytes(cid, busy, free, kept=kept)
-                   for cid in self.boxes if cold or cid not in busy)
+        total = 0
+        for cid in self.boxes:  # the free swap is shared: what one takes, the next cannot
+            if cid in busy and not cold:
+                continue
+            got, swapped = (self.cold_parts(cid, free, kept) if cid in busy
+                            else self.reclaimable_parts(cid, busy, free, kept=kept))
+            total += got
+            free = max(free - swapped, 0)
+        return total
 
     @staticmethod
     def swap_free() -> int:

@@ -302,3 +302,20 @@ def test_a_sandbox_removed_before_its_record_is_dropped_not_warned_about_each_pe
             step(res, 40 * MiB)  # red: it would be frozen
     assert "gone" not in res.boxes
     assert "cannot freeze" not in caplog.text  # type: ignore[attr-defined]
+
+
+def test_idle_sandboxes_share_the_free_swap_in_what_they_can_give(
+        tmp_path: Path, monkeypatch: object) -> None:
+    """Each sandbox's figure counts its anonymous memory as far as the host's free swap has
+    room; what they can give together is bounded by that room once (issue 15, 15x)."""
+    from execgate.daemon import idle_sandboxes
+
+    monkeypatch.setattr(idle_sandboxes.meminfo, "read", lambda: {"SwapFree": 120 * MiB})
+    clock = Clock()
+    for cid in ("a", "b"):
+        cg = sandbox(tmp_path, cid)
+        (cg / "memory.stat").write_text(f"anon {100 * MiB}\nfile {10 * MiB}\n")
+    res, _ = residency(tmp_path, clock, idle_after_s=600.0, keep_bytes=0)
+    step(res, BUDGET)
+    assert res.pushable() == (10 + 10 + 120) * MiB  # together: the swap's 120 MiB once
+    assert res.reclaimable_bytes("a") == res.reclaimable_bytes("b") == 110 * MiB  # each alone
