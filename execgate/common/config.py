@@ -201,7 +201,9 @@ def load_cached(path: str | None = None, cache: str | None = None) -> Config:
     return _load(path, cache or CACHE_PATH)
 
 
-def _load(path: str | None, cache: str | None) -> Config:
+def _load(path: str | None, cache: str | None, eager_front: bool = False) -> Config:
+    """eager_front: write the front's copy even while the file is unsettled (the cache
+    still waits for it to settle)."""
     path = path or os.environ.get("EXECGATE_CONFIG") or DEFAULT_PATH
     key = None
     try:
@@ -220,8 +222,10 @@ def _load(path: str | None, cache: str | None) -> Config:
     except OSError as e:
         return Config(errors=(f"{path}: {e}{UNREAD}",), path=path)
     cfg = _parse(path, text)
-    if cache and key and _settled(st):
+    settled = _settled(st)
+    if cache and key and settled:
         write_cache(cache, key, cfg)
+    if cache and ((key and settled) or eager_front):
         _front(cache, path, st, cfg)
     return cfg
 
@@ -234,23 +238,11 @@ def refresh_front(path: str | None = None, cache: str | None = None) -> bool:
     is unsettled: call again after SETTLE_NS, as an edit within the same timestamp tick would
     leave this copy stale."""
     path = path or os.environ.get("EXECGATE_CONFIG") or DEFAULT_PATH
-    cache = cache or CACHE_PATH
+    _load(path, cache or CACHE_PATH, eager_front=True)
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            text = f.read()
-    except FileNotFoundError:
-        _front(cache, path, None, Config())
-        return False
+        return not _settled(os.stat(path))
     except OSError:
         return False
-    cfg = _parse(path, text)
-    _front(cache, path, st, cfg)
-    if not _settled(st):
-        return True
-    if key := _cache_key(path, st):
-        write_cache(cache, key, cfg)
-    return False
 
 
 def _front(cache: str, path: str, st: os.stat_result | None, cfg: Config) -> None:
