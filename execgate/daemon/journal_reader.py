@@ -71,7 +71,8 @@ class JournalReader:
                 self.errors += 1
                 if self.errors == 1 or self.errors % 1000 == 0:
                     log.exception("journal: read failed (%d so far)", self.errors)
-                entries = []
+                self.stopping.wait(self.period_s)  # again next period, not in a hot loop
+                continue
             position = self.follower.position
             if entries or position != last:
                 last = position

@@ -190,3 +190,24 @@ def test_a_restart_resumes_after_what_was_applied_not_what_was_read(
     while again.behind:
         rest += len(again.read_new())
     assert applied + rest == 3000  # none lost, none twice
+
+
+def test_a_reader_whose_reads_fail_tries_again_each_period_not_in_a_hot_loop(
+        tmp_path: Path) -> None:
+    from execgate.daemon.journal_reader import JournalReader
+
+    eng, _, _journal_path = _engine(tmp_path, budget=1 << 30, used=64 * MiB)
+    calls = 0
+
+    def broken(*a: object, **kw: object) -> list[dict]:
+        nonlocal calls
+        calls += 1
+        raise OSError("disk gone")
+
+    eng.journal.read_new = broken  # type: ignore[method-assign]
+    eng.journal.behind = True  # more to read, as far as it knows
+    reader = JournalReader(eng.journal, period_s=0.1)
+    reader.start()
+    time.sleep(0.55)
+    reader.stop()
+    assert 2 <= calls <= 8 and reader.errors == calls
