@@ -4,11 +4,10 @@ rotations.
 A backlog (a daemon down for hours on a busy host: a million lines) is read a chunk per call,
 never in one go: memory stays bounded by the chunk. In the daemon the reads (and their JSON)
 run in a thread (journal_reader.py) and the loop only applies the chunks, a bounded time per
-step (issue 20). The position (inode:offset) is kept in
-the store, so a restart resumes where it left off, in a rotated file if the daemon rotated
-meanwhile. A writer that opened the journal just before a rotation appends its line to the file
-rotated away: that file is still read for LATE_S after the follower moved on, so no line is
-lost to a rotation.
+step (issue 20). The position (inode:offset) is kept in the store, so a restart resumes where
+it left off, in a rotated file if the daemon rotated meanwhile. A writer that opened the
+journal just before a rotation appends its line to the file rotated away: that file is still
+read for LATE_S after the follower moved on, so no line is lost to a rotation.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ class JournalFollower:
         saved = (store.get_meta("journal_pos") or "0:0").split(":")
         self.inode, self.offset = int(saved[0]), int(saved[1])
         # The position kept in the store: where a restart resumes, and how far the lines have
-        # been taken in. With a JournalReader, reads run ahead of it in a thread (save=False)
+        # been taken in. With a JournalReader, reads run ahead of it in a thread (saving off)
         # and the loop saves each chunk's position once it has applied the chunk.
         self.saved = (self.inode, self.offset)
         self.saving = True
