@@ -30,8 +30,12 @@ trap 'rm -rf "$payload"' EXIT
 mkdir -p "$wheels_cache"
 exec 8>"$wheels_cache.lock"
 flock 8
-# The marker names what was downloaded: a cache from before a new dependency is topped up.
-wheels=("msgpack>=1.0" "prometheus-client>=0.17" "setuptools>=61" wheel)
+# execgate's dependencies as pyproject.toml lists them, and what pip builds it with; the
+# marker names what was downloaded: a cache from before a new dependency is topped up.
+mapfile -t wheels < <(python3 -c 'import sys, tomllib
+print(*tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"], sep="\n")' \
+    "$repo/pyproject.toml")
+wheels+=("setuptools>=61" wheel)
 marker=$wheels_cache/.done-$(printf '%s\n' "${wheels[@]}" | cksum | cut -d' ' -f1)
 if [[ ! -f $marker ]]; then
     python3 -m pip download --quiet --disable-pip-version-check -d "$wheels_cache" \
