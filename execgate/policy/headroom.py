@@ -139,7 +139,7 @@ def swap_over_promised(sandboxes: Iterable[LiveSandbox], swap_free: int) -> tupl
     them). At 15x in the simulator (64 sandboxes arriving at once, 1 GiB of zram), 42 live
     sandboxes each counted its ~30 MiB as pushable against the same 641 MiB of free swap:
     sandbox admission let 56 in within 3 s and their calls were OOM-killed when the swap filled
-    (at hardware costs 20 kills; with the room shared out, none, and 126 s against 322 s)."""
+    (at hardware costs 22 kills in 326 s; with the room shared out, none, in 127 s)."""
     claimed = sum(min(max(s.swap_bytes, 0), s.pushable_bytes) for s in sandboxes)
     free = max(swap_free, 0)
     return max(claimed - free, 0), max(free - claimed, 0)

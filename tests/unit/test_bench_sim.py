@@ -285,7 +285,7 @@ def test_schemes_with_one_run_key_have_one_result() -> None:
 def test_the_burst_at_15x_with_1_gib_of_zram_ends_without_an_oom_kill(tmp_path) -> None:
     """Issue 15's 15x point (64 of the generator's tasks at once, hardware costs): sandbox
     admission counted each live sandbox's cold pages against the whole free swap, let 56 in
-    within 3 s, and the swap filled (20 OOM kills, 322 s); with the room shared out, none."""
+    within 3 s, and the swap filled (22 OOM kills, 326 s); with the room shared out, none."""
     import json
 
     assert cli.main(["replay", "--cost", "hw", "--out", str(tmp_path), "--name", "x15", "--",

@@ -679,7 +679,7 @@ def test_live_sandboxes_share_the_free_swap_they_would_be_pushed_to() -> None:
     """Each live sandbox's pushable figure counts its anonymous pages as far as the whole free
     swap has room; summed, they share it: what it cannot hold stays pinned, and the swap they
     take is not there for arrivals. (At 15x in the simulator, 42 live sandboxes each counted
-    ~30 MiB against the same 641 MiB of free swap: 56 admitted in 3 s, 20 OOM kills.)"""
+    ~30 MiB against the same 641 MiB of free swap: 56 admitted in 3 s, 22 OOM kills.)"""
     adm, _ = make(dataclasses.replace(CFG, reserve_growth=False))
     adm.submit(SandboxRequest("new", "py"))
     # ten active sandboxes, each 100 MiB resident, all of it cold anonymous memory
