@@ -94,6 +94,8 @@ _STARTS_ONLY = ({"waiting": False} if _sa is not None and "waiting" in inspect.s
     _sa.SandboxAdmission.step).parameters else {})
 _CALL_RAN = _sa is not None and hasattr(_sa.SandboxAdmission, "call_ran")
 _VICTIM_SWAP = "swap_free" in inspect.signature(GrowthController.last_resort_victim).parameters
+_FINISHED_LOAD = _sa is not None and "call_load_bytes" in inspect.signature(
+    _sa.SandboxAdmission.finished).parameters
 
 
 def settings_from_config(cfg: Mapping[str, Any]) -> tuple[daemon_settings.Settings, list[str]]:
@@ -318,9 +320,10 @@ class ExecgateHands:
             return
         started, area = self.box_load.pop(box.id, (None, 0.0))
         life = None if started is None else self.clock() - started
+        load = {"call_load_bytes": int(area / life) if life and life > 0 else None} \
+            if _FINISHED_LOAD else {}
         self.sandboxes.finished(box.id, "bench", box.baseline + box.retained,
-                                self.box_peaks.pop(box.id, None),
-                                int(area / life) if life and life > 0 else None)
+                                self.box_peaks.pop(box.id, None), **load)
         self.next_peak.pop(box.id, None)
 
     # -- the runtime's requests ----------------------------------------------------------------
