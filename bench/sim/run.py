@@ -98,7 +98,7 @@ class Simulation:
         self.now = 0.0
         self.heap: list[tuple[float, int, int, _TaskState, Any]] = []
         self.seq = 0
-        self.live = 0  # tasks between gate admission and their last docker rm (the fit's n)
+        self.live = 0  # attempts between their admitted create and their docker rm (the fit's n)
         self.queue: deque[tuple[str, int]] = deque()
         self.calls: list[dict[str, Any]] = []
         self.samples: list[tuple[float, float]] = []
@@ -198,7 +198,6 @@ class Simulation:
             if not should_retry(record, self.s.retry_limit):
                 break
         st.finished = self.now
-        self._set_live(-1)
         self.gate.release(st.task.id)
         self._admit_tasks()
 
@@ -213,6 +212,7 @@ class Simulation:
             # The runtime's create asks before runc's, knowing no call's peak: the bench's hints
             # come with each exec, none with docker run (the daemon predicts from history).
             yield ("create", (box_id, None))
+        self._set_live(+1)  # a held create costs the control plane nothing (bench/sim/cost.py)
         yield ("op", ("run", 1.0))
         box = SimBox(box_id, task.baseline_bytes, last_active=self.now)
         st.box = box
@@ -266,6 +266,7 @@ class Simulation:
         else:
             rec.update(end=self.now, ok=True)
         yield ("op", ("rm", 1.0))
+        self._set_live(-1)
         if self.hands is not None:
             self.hands.box_gone(box)
         self.domain.remove_box(box.id)
@@ -305,7 +306,6 @@ class Simulation:
         for tid in admit_fifo(self.queue, self.gate):
             st = self.by_id[tid]
             st.started = self.now
-            self._set_live(+1)
             st.gen = self._task(st)
             self._resume(st, None)
 

@@ -4,7 +4,7 @@ counted twice: two ways the burst point's simulation was off against the VM."""
 from __future__ import annotations
 
 from bench.schemes import SCHEMES, bench_config
-from bench.sim.cost import fixed, observations
+from bench.sim.cost import fit, fit_level, fixed, observations
 from bench.sim.run import SimSettings, Simulation
 from bench.trace import LlmWait, MemoryProfile, Task, ToolCall
 from execgate.common.units import MiB
@@ -64,3 +64,63 @@ def test_a_docker_run_fit_leaves_out_the_create_wait_the_simulator_adds() -> Non
     # Runs from before sandbox admission (the VM sweep's) held no create: fitted whole.
     old = dict(_run(True, None), config={"admission": {}})
     assert observations({"runs": [old]}, tasks, "execgate")["run"] == [(1, 35.0)]
+
+
+def test_a_held_create_is_not_a_live_sandbox_in_the_fit() -> None:
+    """A create the daemon holds costs the VM's control plane nothing: counted in n, execgate's
+    burst execs looked 2-3x as costly as runc's at the same n (all 16 tasks "running")."""
+    run = _run(True, {"waited_s": 30.0, "verdict": "admitted"})
+    # a second task whose create is held from 0 to 80 s while t0's docker run goes on
+    run["attempts"].append({"task_id": "t1", "attempt": 1, "start": 0.0, "end": 90.0,
+                            "ok": True, "sandbox_admission": {"waited_s": 80.0}})
+    run["samples"]["rows"] = [[float(t), 0, 2, 0, 0, 0] for t in range(0, 101, 10)]
+    got = observations({"runs": [run]}, {"t0": _task(0)}, "execgate")["run"]
+    assert got == [(1, 5.0)]  # t0's run (40-45 s) beside a held create: one live sandbox
+
+
+def test_an_exec_fit_subtracts_each_calls_own_admission_wait() -> None:
+    """Under the daemon an exec's gap holds its admission wait and growth-gate hold, which the
+    simulator adds itself: from the call's record they are subtracted, so a burst's execs are
+    fitted too (before, only runs in which no call waited gave exec figures)."""
+    run = _run(True, {"waited_s": 30.0, "verdict": "admitted"})
+    run["metrics"] = {"admission_wait_max_s": 12.0}
+    tasks = {"t0": _task(0)}
+    assert observations({"runs": [run]}, tasks, "execgate")["exec"] == []  # no record: unknown
+    run["calls"][0]["daemon"] = {"waited_s": 1.5, "held_s": 0.5}
+    assert observations({"runs": [run]}, tasks, "execgate")["exec"] == [(1, 0.0)]  # 4 - 2 - 2
+
+
+def test_one_shape_two_levels_when_runc_saw_one_load() -> None:
+    """A burst's runc runs all happen with every sandbox live: alone they fit no shape, and the
+    line through them gave 0 s per docker run at execgate's few live sandboxes. With
+    execgate's points (r times as costly) the shape comes from both."""
+    def cost(n: int) -> float:
+        return 10.0 + 8.0 * min(max(n - 4, 0), 12)
+
+    runc = [(n, cost(n)) for n in (15, 16) for _ in range(5)]
+    other = [(n, 0.5 * cost(n)) for n in range(2, 17)]
+    base, eg = fit_level(runc, other)
+    for n in (2, 8, 16):
+        assert abs(base(n) - cost(n)) < 0.5 and abs(eg(n) - 0.5 * cost(n)) < 0.5
+    alone = fit(runc)  # what runc's points alone made of few live sandboxes
+    assert alone(2) < 0.5 * base(2)
+
+
+def test_the_simulator_counts_no_held_create_in_n() -> None:
+    """The simulator's n is the fit's: a create held by sandbox admission is not live."""
+    scheme = SCHEMES["execgate"]
+    sim = Simulation(scheme, [_task(i) for i in range(3)], [0.0, 0.0, 0.0], 100 * MiB,
+                     SimSettings(cost=fixed(0.5, 0.1, 0.2)),
+                     bench_config({}, scheme, domain="/sim"))
+    seen: list[tuple[int, int]] = []
+    orig = sim._set_live
+
+    def spy(delta: int) -> None:
+        orig(delta)
+        seen.append((sim.live, len(sim.creates)))
+
+    sim._set_live = spy  # type: ignore[method-assign]
+    sim.run()
+    assert seen and max(n for n, _ in seen) < 3  # 100 MiB holds fewer than three at once
+    assert any(held for _, held in seen)  # while creates were held
+    assert sim.live == 0
