@@ -62,6 +62,9 @@ sim() {
             --schemes eager,static,reserve,execgate,execgate-noresidency --out "$s/hw"
         "$python" -m bench.sim sweep --sandboxes 1000 --budget 64g --swap --zram --out "$s"
         "$python" -m bench.sim sweep --sandboxes 1000 --budget 64g --out "$s/swap-off"
+        # The README's figure without swap: creates wait as long as it takes (Docker, Podman).
+        "$python" -m bench.sim sweep --sandboxes 1000 --budget 64g --start-wait inf \
+            --schemes eager,static,reserve,execgate --static-k 50,100 --out "$s/swap-off-wait"
     } 2>&1 | tee "$out/sim.log"
 }
 
