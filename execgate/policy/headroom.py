@@ -125,6 +125,8 @@ class LiveSandbox:
     pushable_bytes: int = field(init=False, repr=False, compare=False)
     # What stays resident whatever residency does: resident minus pushable.
     pinned_bytes: int = field(init=False, repr=False, compare=False)
+    # Of pushable, what goes to swap: its claim on the free swap the live sandboxes share.
+    swap_claim_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         give = self.cold_bytes if self.idle_s is None else self.reclaimable_bytes
@@ -132,15 +134,15 @@ class LiveSandbox:
         pushable = min(max(give, 0), resident)
         object.__setattr__(self, "pushable_bytes", pushable)
         object.__setattr__(self, "pinned_bytes", resident - pushable)
+        object.__setattr__(self, "swap_claim_bytes", min(max(self.swap_bytes, 0), pushable))
 
 
-def swap_over_promised(sandboxes: Iterable[LiveSandbox], swap_free: int) -> tuple[int, int]:
-    """(what the sandboxes' pushable figures promise beyond the free swap, the swap left after
-    them). At 15x in the simulator (64 sandboxes arriving at once, 1 GiB of zram), 42 live
-    sandboxes each counted its ~30 MiB as pushable against the same 641 MiB of free swap:
-    sandbox admission let 56 in within 3 s and their calls were OOM-killed when the swap filled
-    (at hardware costs 22 kills in 326 s; with the room shared out, none, in 127 s)."""
-    claimed = sum(min(max(s.swap_bytes, 0), s.pushable_bytes) for s in sandboxes)
+def swap_over_promised(claimed: int, swap_free: int) -> tuple[int, int]:
+    """(what the live sandboxes' swap claims, summed, promise beyond the free swap, the swap
+    left after them). At 15x in the simulator (64 sandboxes arriving at once, 1 GiB of zram),
+    42 live sandboxes each counted its ~30 MiB as pushable against the same 641 MiB of free
+    swap: sandbox admission let 56 in within 3 s and their calls were OOM-killed when the swap
+    filled (at hardware costs 22 kills in 326 s; with the room shared out, none, in 127 s)."""
     free = max(swap_free, 0)
     return max(claimed - free, 0), max(free - claimed, 0)
 
