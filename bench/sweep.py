@@ -32,6 +32,7 @@ from bench.workload import (
     arrival_schedule,
     budget_for_oversubscription,
     eager_peak_estimate,
+    makespan_floor,
     oversubscription,
     prepare,
 )
@@ -142,7 +143,9 @@ def print_plan(points: Sequence[Point], schemes: Sequence[Scheme], w: Workload) 
               f"{oversubscription(p.tasks, p.budget):.2f}x, swap {'on' if p.swap else 'off'}, "
               f"{calls} tool calls, idle (LLM waits, folded calls) {idle / total:.0%} of task "
               f"time, arrivals over {max(wall, default=0):.1f}s, eager would peak at "
-              f"{est / MiB:.0f} MiB ({est / p.budget:.0%} of the budget, no overheads)")
+              f"{est / MiB:.0f} MiB ({est / p.budget:.0%} of the budget, no overheads), no "
+              f"scheme can finish before {makespan_floor(p.tasks, wall):.1f}s (the last arrival "
+              "plus its task alone)")
         runs, skipped = schemes_at(schemes, p.swap)
         print(f"  runs {', '.join(sc.name for sc, _ in runs) or 'nothing'}"
               + (f"; not here: {'; '.join(skipped)}" if skipped else ""))

@@ -239,6 +239,15 @@ def test_eager_peak_estimate_adds_coincident_tasks() -> None:
         100 * MiB)
 
 
+def test_no_scheme_beats_the_last_arrival_plus_its_task() -> None:
+    """The floor under every makespan: what "≤ ½ of the best static-K" cannot go below."""
+    a, b = _task("a", 100), replace(_task("a", 100), id="b")
+    assert W.makespan_floor([a, b], [0.0, 5.0]) == pytest.approx(5.0 + b.duration_s)
+    assert W.makespan_floor([], []) == 0.0
+    with pytest.raises(ValueError):
+        W.makespan_floor([a], [])
+
+
 # -- config ------------------------------------------------------------------------------------
 
 
