@@ -166,14 +166,14 @@ def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime:
         counts = [r[2] - sum(1 for s, e in held if s <= r[0] < e) for r in rows] if held \
             else [r[2] for r in rows]
 
-        def work(t0: float, t1: float, y: float, counts: list[int] = counts,
-                 times: list[float] = times) -> tuple[int, float]:
-            """(mean live sandboxes over [t0, t1] from the 150 ms samples, rounded; y)."""
+        def live(t0: float, t1: float, counts: list[int] = counts,
+                 times: list[float] = times) -> int:
+            """Mean live sandboxes over [t0, t1] from the 150 ms samples, rounded."""
             if not counts:
-                return 0, y
+                return 0
             i = max(0, bisect.bisect_right(times, t0) - 1)
             vals = counts[i:max(bisect.bisect_right(times, t1), i + 1)]
-            return round(sum(vals) / len(vals)), y
+            return round(sum(vals) / len(vals))
 
         calls = {(c["task"], c["attempt"], c["call"]): c for c in run["calls"]}
         by_task: dict[str, list[dict[str, Any]]] = {}
@@ -187,7 +187,7 @@ def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime:
             end = first["start"] - opening
             waited = _create_wait(run, a)
             if waited is not None:
-                out["run"].append(work(a["start"] + waited, end, end - a["start"] - waited))
+                out["run"].append((live(a["start"] + waited, end), end - a["start"] - waited))
         for c in run["calls"]:
             if c["exit"] != 0:
                 continue
@@ -195,16 +195,16 @@ def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime:
             if wait is None and pure:
                 wait = 0.0
             if wait is not None:
-                out["exec"].append(work(c["start"], c["end"],
-                                        c["end"] - c["start"] - c["duration_s"] - wait))
+                out["exec"].append((live(c["start"], c["end"]),
+                                    c["end"] - c["start"] - c["duration_s"] - wait))
         ends = {t["id"]: t.get("end_s") for t in run["tasks"]}
         for tid, atts in by_task.items():
             atts.sort(key=lambda a: a["attempt"])
             for a, b in pairwise(atts):
-                out["rm"].append(work(a["end"], b["start"], b["start"] - a["end"]))
+                out["rm"].append((live(a["end"], b["start"]), b["start"] - a["end"]))
             end = ends.get(tid)
             if atts and end is not None:
-                out["rm"].append(work(atts[-1]["end"], end, end - atts[-1]["end"]))
+                out["rm"].append((live(atts[-1]["end"], end), end - atts[-1]["end"]))
     return out
 
 
