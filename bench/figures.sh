@@ -2,7 +2,8 @@
 # Regenerates the figures of README.md, docs/benchmarks.md and docs/sim/README.md, in one command:
 #   bench/figures.sh sim [OUT]    the simulator's (host, a few minutes of CPU): validation against
 #                                 the VM sweep, the fleet points against the a982a58 boots,
-#                                 hardware costs, 15x and 1,000 sandboxes
+#                                 hardware costs, 15x and 1,000 sandboxes (zram; no swap, and
+#                                 no swap with creates waiting without bound)
 #   bench/figures.sh vm [OUT]     the VM's (hours; one VM at a time): the fleet points (burst,
 #                                 Poisson, Poisson with hot calls, 3 repeats of eager+swap and
 #                                 execgate, the runc baselines once), light load, exec latency,
