@@ -128,13 +128,8 @@ def _call_wait(call: Mapping[str, Any]) -> float | None:
 
 
 def _held_creates(run: Mapping[str, Any]) -> list[tuple[float, float]]:
-    """The (start, end) of every create the daemon held, from the attempts' verdicts."""
-    out = []
-    for a in run["attempts"]:
-        waited = (a.get("sandbox_admission") or {}).get("waited_s")
-        if isinstance(waited, int | float) and waited > 0:
-            out.append((a["start"], a["start"] + float(waited)))
-    return out
+    """The (start, end) of every create the daemon held (`_create_wait` > 0)."""
+    return [(a["start"], a["start"] + w) for a in run["attempts"] if (w := _create_wait(run, a))]
 
 
 def _create_wait(run: Mapping[str, Any], attempt: Mapping[str, Any]) -> float | None:
