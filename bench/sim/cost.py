@@ -63,9 +63,6 @@ class Fit:
         return max(0.0, self.a + self.b1 * min(n, self.k)
                    + self.b2 * min(max(n - self.k, 0), self.hi - self.k))
 
-    def shifted(self, d: float) -> Fit:
-        return Fit(self.a + d, self.b1, self.b2, self.k, self.hi)
-
     def describe(self) -> str:
         gentle = f" + {self.b1:.2f}*min(n,{self.k})" if self.b1 else ""
         return (f"{self.a:6.2f}{gentle} + {self.b2:5.2f}*clamp(n-{self.k},0,{self.hi - self.k})"
