@@ -279,39 +279,46 @@ class Domain:
         self._stalled(wait, dt)
 
     def _swap_in(self, dt: float) -> float:
-        """The hot calls' passes bring back what they owe from swap, proportionally, at the
+        """The hot calls' passes bring back what they owe from swap, oldest call first, at the
         swap-in bandwidth into free memory and at 1/(1/in + 1/out) beyond it (each page in
-        waits for one out). A call that finishes loses its wait; one that does not, the whole
-        period. Returns the wait (the longest: they all finish together)."""
+        waits for one out). A call whose pages are all back loses the time it waited; one that
+        is not, the whole period. Served in turn, not shared: shared, when the calls' working
+        sets outgrew memory every pass was pushed out again before it ended and no call ever
+        finished (the model's livelock; the kernel lets a task whose faults are served run).
+        Returns the wait (the longest)."""
         waiting = [c for c in self.running.values() if c.hot and not c.held and c.swapped > 0]
         if not waiting:
             return 0.0
         cfg = self.config
-        for c in waiting:
-            if c.owed <= 0:  # a new pass over its pages: all of what is out must come back
-                c.owed = c.swapped
-        need = sum(c.owed for c in waiting)
-        free = max(self.budget - self.usage(), 0.0) / self._freed_per_byte()
+        free = free0 = max(self.budget - self.usage(), 0.0) / self._freed_per_byte()
         fast = cfg.swap_in_bps
         slow = 1.0 / (1.0 / fast + 1.0 / cfg.swap_bandwidth_bps)
-        t_need = min(need, free) / fast + max(need - free, 0.0) / slow
-        if t_need <= dt:
-            got, wait = need, t_need
-        else:  # what the period buys: the free part first, then the slow part
-            got = min(dt * fast, free)
-            got += (dt - got / fast) * slow
-            got, wait = min(got, need), dt
-        share = got / need
-        for c in waiting:
-            back = c.owed * share
+        t = got_all = wait = 0.0
+        for c in sorted(waiting, key=lambda c: c.started):
+            if c.owed <= 0:  # a new pass over its pages: all of what is out must come back
+                c.owed = c.swapped
+            quick = min(c.owed, free)
+            t_need = quick / fast + (c.owed - quick) / slow
+            if t + t_need <= dt:
+                back, t = c.owed, t + t_need
+                free -= quick
+                c.lag += t
+            else:  # what the rest of the period buys: the free part first, then the slow part
+                left = max(dt - t, 0.0)
+                back = min(left * fast, free)
+                back = min(back + (left - back / fast) * slow, c.owed)
+                free = max(free - back, 0.0)
+                t = dt
+                c.lag += dt
             c.owed -= back
             c.swapped -= back
             self.call_swapped -= back
-            c.lag += dt if c.owed > SLACK else wait
+            got_all += back
+            wait = max(wait, t)
             if c.owed <= SLACK:
                 c.owed = 0.0
-        self.refault_bytes += got
-        self._reclaim_in = max(got - free, 0.0)
+        self.refault_bytes += got_all
+        self._reclaim_in = max(got_all - free0, 0.0)
         return wait
 
     def _stalled(self, wait: float, dt: float) -> None:

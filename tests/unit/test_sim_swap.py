@@ -109,6 +109,29 @@ def test_a_hot_call_at_the_limit_thrashes_and_slows() -> None:
     assert ends[True] > ends[False] + 2.0
 
 
+def test_hot_calls_whose_working_sets_outgrow_memory_still_finish() -> None:
+    """Three hot calls of 40 MiB in 50 MiB: swap-in serves the oldest first, so each pass ends
+    and each call runs out its 2 s. Shared in proportion, every pass was pushed out again
+    before it ended and none finished in 300 s (a simulated poisson-hot boot ran 560x long)."""
+    domain = _domain(50, out_mib_s=5, in_mib_s=27)
+    flat = MemoryProfile(40 * MiB, 40 * MiB, "plateau", 0.0, 0.0, 0)
+    calls = []
+    for name in "abc":
+        box = SimBox(name, 0)
+        domain.add_box(box)
+        calls.append(_call(domain, box, hot=True, duration=2.0, profile=flat))
+    t = 0.0
+    while t < 300 and domain.running:
+        t += 0.1
+        domain.advance(t, 0.1)
+        domain.enforce(t, 0.1)
+        domain.end_period(0.1)
+        for c in [c for c in calls if c.end_at() <= t and c.id in domain.running]:
+            domain.end_call(c)
+    assert not domain.running and t < 30
+    assert calls[0].end_at() < calls[-1].end_at()  # the oldest is served first
+
+
 def test_reclaim_takes_an_idle_baseline_before_a_hot_call() -> None:
     domain = _domain(100, out_mib_s=10)
     idle = SimBox("idle", 40 * MiB)
