@@ -39,6 +39,9 @@ from typing import Any
 from bench.trace import LlmWait, Task
 
 OPS = ("run", "exec", "rm")
+# A runtime's exec_during where none of its runs kept the slice's stall (boots before 4 Dec,
+# the VM sweep): the median of the boots that did (15 boots: runc 0.91, execgate 0.23).
+UNMEASURED_EXEC_DURING = {"runc": 0.91, "execgate": 0.23}
 # runc's points at this many distinct n or more fit the shape alone (the VM sweep: 16); fewer
 # (a burst: every docker run at n = 15-16) borrow execgate's (`fit_level`).
 OWN_SHAPE_NS = 5
@@ -80,10 +83,18 @@ class CostModel:
     # Fraction of an exec's overhead spent before the tool process starts (the rest after it
     # ends): docker exec's setup (runtime, cgroup, admission) vs. teardown and stream close.
     exec_before: float = 0.5
+    # Fraction of an exec's overhead that is the tool process running slower, its trace
+    # stretched over that time while it holds its memory (the rest is setup and teardown,
+    # split by exec_before). Under TCG every process shares the emulated vCPU and the slice's
+    # reclaim: among 27 sandboxes a 3.7 s call ran 529 s, filling memory as it went, and
+    # calls overlapped until zram was full; as setup alone, the model's calls ran their traces
+    # one after another and its zram never filled. 0 for fixed costs (a hardware host).
+    exec_during: float = 0.0
     source: str = "fixed"
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "exec_before": self.exec_before,
+                "exec_during": self.exec_during,
                 **{op: getattr(self, op).__dict__ for op in OPS}}
 
 
@@ -141,6 +152,33 @@ def _create_wait(run: Mapping[str, Any], attempt: Mapping[str, Any]) -> float | 
     verdict = attempt.get("sandbox_admission") or {}
     waited = verdict.get("waited_s")
     return float(waited) if isinstance(waited, int | float) else None
+
+
+def stalled_overhead(results: Mapping[str, Any], runtime: str = "runc") -> tuple[float, float]:
+    """(exec overhead, of it stalled on memory) in seconds, summed over the runtime's successful
+    calls of runs that kept the slice's stall (PSI some, cumulative, in the samples): how much
+    of what an exec costs beyond its trace is its process waiting with its pages, not the
+    control plane. The fitted exec_during is their ratio."""
+    total = stalled = 0.0
+    for run in results["runs"]:
+        cols = run["samples"].get("columns") or []
+        rows = run["samples"]["rows"]
+        if _runtime(run) != runtime or "stall_s" not in cols or not rows:
+            continue
+        col = cols.index("stall_s")
+        times = [r[0] for r in rows]
+
+        def at(t: float, rows: list[list[Any]] = rows, times: list[float] = times,
+               col: int = col) -> float:
+            return float(rows[max(0, bisect.bisect_right(times, t) - 1)][col] or 0.0)
+
+        for c in run["calls"]:
+            gap = c["end"] - c["start"] - c["duration_s"] - (_call_wait(c) or 0.0)
+            if c["exit"] != 0 or gap <= 0:
+                continue
+            total += gap
+            stalled += min(max(at(c["end"]) - at(c["start"]), 0.0), gap)
+    return total, stalled
 
 
 def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime: str = "runc",
@@ -313,19 +351,29 @@ def fit_pooled(files: Sequence[tuple[Mapping[str, Any], Mapping[str, Task]]],
                 out[op] += pts
         return out
 
+    def during(rt: str) -> float:
+        """The runtime's exec_during: the share of its exec overhead stalled on memory."""
+        total = stalled = 0.0
+        for results, _ in files:
+            t, st = stalled_overhead(results, rt)
+            total, stalled = total + t, stalled + st
+        return stalled / total if total else UNMEASURED_EXEC_DURING.get(rt, 0.0)
+
     runc_obs = obs("runc")
     others = sorted({_runtime(r) for results, _ in files for r in results["runs"]} - {"runc"})
     if not others:
         base = {op: fit(runc_obs[op]) for op in OPS}
         return {"runc": CostModel(base["run"], base["exec"], base["rm"],
+                                  exec_during=during("runc"),
                                   source=f"fitted to {what} runc runs")}
     models: dict[str, CostModel] = {}
     for rt in others:  # in practice one: execgate
         rt_obs = obs(rt)
         pairs = {op: fit_level(runc_obs[op], rt_obs[op]) for op in OPS}
         models.setdefault("runc", CostModel(*(pairs[op][0] for op in OPS),
+                                            exec_during=during("runc"),
                                             source=f"fitted to {what} runc and {rt} runs"))
-        models[rt] = CostModel(*(pairs[op][1] for op in OPS),
+        models[rt] = CostModel(*(pairs[op][1] for op in OPS), exec_during=during(rt),
                                source=f"runc's shape x a ratio per operation fitted to "
                                       f"{rt}'s runs")
     return models

@@ -224,7 +224,8 @@ class Simulation:
                 continue
             idx += 1
             start = self.now
-            yield ("op", ("exec", cost.exec_before))
+            overhead = 1.0 - cost.exec_during  # of the exec's cost: setup and teardown
+            yield ("op", ("exec", cost.exec_before * overhead))
             rc = 0
             call = None
             if not box.alive:
@@ -238,9 +239,10 @@ class Simulation:
                 if got != "admitted":
                     rc = 126
             if rc == 0:
-                call = SimCall(st.call_id or f"{box.id}/{idx}", box, step.memory, step.duration_s,
-                               self.oom_adj, started=self.now, last=self.now,
-                               hot=self.s.hot_calls)
+                slower = cost.exec_during * cost.exec(self.live)  # the process's own share
+                call = SimCall(st.call_id or f"{box.id}/{idx}", box, step.memory,
+                               step.duration_s + slower, self.oom_adj, started=self.now,
+                               last=self.now, hot=self.s.hot_calls)
                 box.last_active = self.now
                 got = yield ("process", call)
                 st.call = None
@@ -251,7 +253,7 @@ class Simulation:
                     rc = OOM_EXIT if got == "oom" else 126
                 if self.hands is not None:
                     self._decided(self.hands.finished(call.id, call, rc == OOM_EXIT))
-            yield ("op", ("exec", 1.0 - cost.exec_before))
+            yield ("op", ("exec", (1.0 - cost.exec_before) * overhead))
             self.calls.append({"task": task.id, "attempt": n, "call": idx, "start": start,
                                "end": self.now, "duration_s": step.duration_s, "exit": rc,
                                "peak_bytes": step.memory.peak_bytes, "category": step.category,

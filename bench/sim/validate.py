@@ -221,6 +221,9 @@ def cost_lines(costs: Mapping[str, CostModel], results: Mapping[str, Any],
         out.append(f"{rt} ({m.source}):")
         for op in ("run", "exec", "rm"):
             out.append(f"  {op:<4} {getattr(m, op).describe()}")
+        if m.exec_during:
+            out.append(f"  of an exec's cost, {m.exec_during:.2f} is its process running slower "
+                       "(holding its memory), the rest setup and teardown")
     out.append("")
     out += residual_table(results, tasks, costs["runc"])
     return out

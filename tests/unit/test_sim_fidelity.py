@@ -3,8 +3,18 @@ counted twice: two ways the burst point's simulation was off against the VM."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.schemes import SCHEMES, bench_config
-from bench.sim.cost import fit, fit_level, fixed, observations
+from bench.sim.cost import (
+    UNMEASURED_EXEC_DURING,
+    fit,
+    fit_level,
+    fit_pooled,
+    fixed,
+    observations,
+    stalled_overhead,
+)
 from bench.sim.run import SimSettings, Simulation
 from bench.trace import LlmWait, MemoryProfile, Task, ToolCall
 from execgate.common.units import MiB
@@ -124,3 +134,40 @@ def test_the_simulator_counts_no_held_create_in_n() -> None:
     assert seen and max(n for n, _ in seen) < 3  # 100 MiB holds fewer than three at once
     assert any(held for _, held in seen)  # while creates were held
     assert sim.live == 0
+
+
+def test_an_exec_slowed_under_emulation_holds_its_call_memory_longer() -> None:
+    """exec_during: the share of an exec's cost the tool process itself spends, its trace
+    stretched while it holds its memory. Two calls 10 s apart with 20 s execs: as setup and
+    teardown only, each runs its 2 s alone (peak one call); half of it in the process, they
+    overlap (two calls at once), and the exec still costs the same in all."""
+    flat = MemoryProfile(40 * MiB, 40 * MiB, "plateau", 0.0, 0.0, 0)
+    tasks = [Task(f"t{i}", [ToolCall("make", 2.0, flat)], 0) for i in range(2)]
+    peaks, ends = {}, {}
+    for during in (0.0, 0.5):
+        cost = replace(fixed(0.0, 20.0, 0.0), exec_during=during)
+        res = Simulation(SCHEMES["eager"], tasks, [0.0, 10.0], 400 * MiB,
+                         SimSettings(cost=cost)).run()
+        peaks[during] = res["metrics"]["mem_peak_bytes"]
+        ends[during] = [a["end"] for a in res["attempts"]]
+    assert peaks[0.0] < 50 * MiB < 70 * MiB < peaks[0.5]
+    assert ends[0.0] == ends[0.5]
+
+
+def test_exec_during_is_the_share_of_exec_overhead_the_slice_stalled() -> None:
+    """The fitted exec_during is measured, not chosen: of each successful exec's overhead (its
+    gap beyond the trace), the slice's PSI `some` over it (samples' cumulative stall_s); a
+    file whose runs kept no stall column falls back to the measured boots' median."""
+    run = _run(False, None)  # one exec: 46-50 s, a 2 s trace: 2 s of overhead
+    run["samples"] = {"columns": ["t", "memory_bytes", "running_tasks", "inflight_calls",
+                                  "queued_tasks", "swap_bytes", "refault_bytes", "stall_s"],
+                      "rows": [[0.0, 0, 1, 0, 0, 0, 0, 0.0], [46.0, 0, 1, 1, 0, 0, 0, 10.0],
+                               [50.0, 0, 1, 0, 0, 0, 0, 11.5]]}
+    assert stalled_overhead({"runs": [run]}, "runc") == (2.0, 1.5)
+    tasks = {"t0": _task(0)}
+    assert fit_pooled([({"runs": [run]}, tasks)])["runc"].exec_during == 0.75
+    old = _run(False, None)
+    old["samples"]["columns"] = ["t", "memory_bytes", "running_tasks", "inflight_calls",
+                                 "queued_tasks", "swap_bytes"]
+    assert fit_pooled([({"runs": [old]}, tasks)])["runc"].exec_during == \
+        UNMEASURED_EXEC_DURING["runc"]
