@@ -298,15 +298,17 @@ def fit(points: Sequence[tuple[int, float]], gentle: bool = False) -> Fit:
 
 def fit_level(points: Sequence[tuple[int, float]], other: Sequence[tuple[int, float]],
               gentle: bool = False, rounds: int = 20) -> tuple[Fit, Fit]:
-    """runc's fit (`points`) and another runtime's (`other`): one shape, the other's r times
-    as high. One shape: runc's and execgate's operations share the engine's costs, and a
-    burst's runc runs all happen with every sandbox live, so where runc's points cover fewer
-    than OWN_SHAPE_NS values of n the shape is fitted to both sets (the other's brought back
-    by r, alternating with r's own least squares). A ratio: on the burst boots execgate's
-    execs cost 0.2-0.6 of runc's at the same n (its slice sat at memory.max 6-25 % of the
-    time against eager's 57-76 %, and whatever starts in a full slice reclaims first); the
-    constant offset used before turned that into free operations at low n (on the VM sweep,
-    with the Python runtime, the two fit alike: RMSE within 2-6 %)."""
+    """runc's fit (`points`) and another runtime's (`other`). Where the other's points cover
+    OWN_SHAPE_NS values of n or more it gets its own shape, fitted to its mean at each n (each
+    n weighs alike: a burst's dozens of points at n = 16 otherwise set the intercept that the
+    few at low n should, 34 s against 12-28 s measured on the VM sweep): execgate's execs cost
+    15-28 s at every n from 9 to 16 on a 602adcf burst, where runc's shape jumps from 16 to
+    87 s at n = 16, and runc's shape times a ratio made them 4 s below it (that boot simulated
+    35 % fast). Otherwise one shape, the other's r times as high: a ratio, since on the burst
+    boots execgate's execs cost 0.2-0.6 of runc's at the same n (its slice sat at memory.max
+    6-25 % of the time against eager's 57-76 %), and where runc's points too cover fewer than
+    OWN_SHAPE_NS values the shape is fitted to both sets (the other's brought back by r,
+    alternating with r's own least squares)."""
     if not (points and other):
         f = fit([*points, *other], gentle)
         return f, f
@@ -329,7 +331,13 @@ def fit_level(points: Sequence[tuple[int, float]], other: Sequence[tuple[int, fl
         return replace(f, n_points=len(pts), rmse=math.sqrt(sse / len(pts)),
                        r2=1 - sse / sst if sst else 1.0, mean_y=my)
 
-    return stats(points, 1.0), stats(other, r)
+    base = stats(points, 1.0)
+    if len({n for n, _ in other}) >= OWN_SHAPE_NS:
+        by_n: dict[int, list[float]] = {}
+        for n, y in other:
+            by_n.setdefault(n, []).append(y)
+        shape, r = fit([(n, sum(v) / len(v)) for n, v in by_n.items()], gentle), 1.0
+    return base, stats(other, r)
 
 
 def fit_results(results: Mapping[str, Any], tasks: Mapping[str, Task]) -> dict[str, CostModel]:
@@ -374,8 +382,9 @@ def fit_pooled(files: Sequence[tuple[Mapping[str, Any], Mapping[str, Task]]],
                                             exec_during=during("runc"),
                                             source=f"fitted to {what} runc and {rt} runs"))
         models[rt] = CostModel(*(pairs[op][1] for op in OPS), exec_during=during(rt),
-                               source=f"runc's shape x a ratio per operation fitted to "
-                                      f"{rt}'s runs")
+                               source=f"fitted to {rt}'s runs: per operation its own shape "
+                                      f"where they cover >= {OWN_SHAPE_NS} values of n, else "
+                                      "runc's x a ratio")
     return models
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from bench.schemes import SCHEMES, bench_config
 from bench.sim.cost import (
     UNMEASURED_EXEC_DURING,
@@ -171,3 +173,18 @@ def test_exec_during_is_the_share_of_exec_overhead_the_slice_stalled() -> None:
                                  "queued_tasks", "swap_bytes"]
     assert fit_pooled([({"runs": [old]}, tasks)])["runc"].exec_during == \
         UNMEASURED_EXEC_DURING["runc"]
+
+
+def test_execgate_gets_its_own_shape_where_its_points_cover_enough_loads() -> None:
+    """A 602adcf burst: runc's execs jump at n = 16, execgate's cost ~20 s at every n from 9
+    to 16. runc's shape times a ratio made execgate's 4-5 s below 16 (its burst simulated 35 %
+    fast); its own shape, fitted to its mean at each n (dozens of points at 16 do not outweigh
+    the few below), gives ~20 s there."""
+    runc = [(n, 16.0) for n in (4, 6, 7, 11, 13, 15) for _ in range(2)] + [(16, 87.0)] * 32
+    eg = [(n, 20.0 + (n % 2)) for n in range(9, 16)] + [(16, 18.0)] * 28
+    base, own = fit_level(runc, eg)
+    assert base(12) == pytest.approx(16.0, abs=1) and base(16) == pytest.approx(87.0, abs=1)
+    assert 18 <= own(10) <= 22 and 18 <= own(12) <= 22 and 16 <= own(16) <= 20
+    # few loads of its own (a burst's execgate runs at one n): runc's shape times a ratio
+    _, ratio = fit_level(runc, [(16, 40.0)] * 10)
+    assert ratio(16) == pytest.approx(40.0, abs=1) and ratio(12) < 10
