@@ -44,6 +44,9 @@ sim() {
             "$python" -m bench.sim validate "$f" --policy-rev "${d##*-}" \
                 --out "$s/validate-fleet/$d-$(basename "$f" .json.gz)"
         done
+        # The static-K baselines of the 15x boot (runc only: no policy to pin).
+        "$python" -m bench.sim validate docs/replay/fleet/burst15x-965244e/baselines.json.gz \
+            --out "$s/validate-fleet/burst15x-965244e-baselines"
         "$python" -m bench.sim replay --cost "$fleet" --swap-bandwidth-mib 5 --out "$s/fleet" \
             --name fleet-poisson --against "$poisson" \
             -- $w --swap on $p --schemes eager+swap,execgate
