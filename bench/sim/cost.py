@@ -42,8 +42,8 @@ OPS = ("run", "exec", "rm")
 # A runtime's exec_during where none of its runs kept the slice's stall (boots before 4 Dec,
 # the VM sweep): the median of the 13 fleet boots that did (runc 0.55-0.98, execgate 0.14-0.81).
 UNMEASURED_EXEC_DURING = {"runc": 0.91, "execgate": 0.24}
-# runc's points at this many distinct n or more fit the shape alone (the VM sweep: 16); fewer
-# (a burst: every docker run at n = 15-16) borrow execgate's (`fit_level`).
+# A runtime's points at this many distinct n or more fit their own shape (the VM sweep: 16);
+# fewer (a burst: every docker run at n = 15-16) share one with the other's (`fit_level`).
 OWN_SHAPE_NS = 5
 
 
