@@ -162,7 +162,7 @@ class Simulation:
     def _set_live(self, delta: int) -> None:
         """n changes: every operation in flight re-plans its end at the new rate."""
         old, self.live = self.live, self.live + delta
-        for st in self.in_op:
+        for st in sorted(self.in_op, key=lambda s: s.task.id):  # a set: addresses order it
             assert st.op is not None
             name, left, since = st.op
             f = getattr(self.cost, name)

@@ -10,6 +10,7 @@ import pytest
 from bench.schemes import SCHEMES, bench_config
 from bench.sim.cost import (
     UNMEASURED_EXEC_DURING,
+    Fit,
     fit,
     fit_level,
     fit_pooled,
@@ -188,3 +189,19 @@ def test_execgate_gets_its_own_shape_where_its_points_cover_enough_loads() -> No
     # few loads of its own (a burst's execgate runs at one n): runc's shape times a ratio
     _, ratio = fit_level(runc, [(16, 40.0)] * 10)
     assert ratio(16) == pytest.approx(40.0, abs=1) and ratio(12) < 10
+
+
+def test_operations_replanned_as_n_changes_wake_in_task_order() -> None:
+    """When n changes, every operation in flight is re-planned; they were woken in the order of
+    a set of task states (memory addresses), so ties went either way from run to run (one
+    fleet boot simulated 283 or 290 s). Now in task order, whatever the container's order."""
+    sim = Simulation(SCHEMES["eager"], [_task(i) for i in range(3)], [0.0, 0.0, 0.0], 400 * MiB,
+                     SimSettings(cost=replace(fixed(0.0, 0.0, 0.0),
+                                              run=Fit(1.0, b2=1.0, k=0, hi=10))))
+    woken: list[str] = []
+    sim._wake = lambda st, at, value=None: woken.append(st.task.id)  # type: ignore[method-assign]
+    for st in sim.states:
+        st.op = ("run", 1.0, 0.0)
+    sim.in_op = list(reversed(sim.states))  # type: ignore[assignment]
+    sim._set_live(+1)
+    assert woken == ["t0", "t1", "t2"]
