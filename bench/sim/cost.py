@@ -135,6 +135,19 @@ def _call_wait(call: Mapping[str, Any]) -> float | None:
     return float(waited) + (float(held) if isinstance(held, int | float) else 0.0)
 
 
+def _exec_gap(call: Mapping[str, Any], pure: bool) -> float | None:
+    """A successful call's exec overhead: its wall time beyond its trace, less the daemon's
+    waits (0 in a run where nothing waited: `pure`); None for a failed call or an unknown wait."""
+    if call["exit"] != 0:
+        return None
+    wait = _call_wait(call)
+    if wait is None:
+        if not pure:
+            return None
+        wait = 0.0
+    return call["end"] - call["start"] - call["duration_s"] - wait
+
+
 def _held_creates(run: Mapping[str, Any]) -> list[tuple[float, float]]:
     """The (start, end) of every create the daemon held (`_create_wait` > 0)."""
     return [(a["start"], a["start"] + w) for a in run["attempts"] if (w := _create_wait(run, a))]
@@ -167,14 +180,15 @@ def stalled_overhead(results: Mapping[str, Any], runtime: str = "runc") -> tuple
             continue
         col = cols.index("stall_s")
         times = [r[0] for r in rows]
+        pure = _no_wait(run)
 
         def at(t: float, rows: list[list[Any]] = rows, times: list[float] = times,
                col: int = col) -> float:
             return float(rows[max(0, bisect.bisect_right(times, t) - 1)][col] or 0.0)
 
         for c in run["calls"]:
-            gap = c["end"] - c["start"] - c["duration_s"] - (_call_wait(c) or 0.0)
-            if c["exit"] != 0 or gap <= 0:
+            gap = _exec_gap(c, pure)
+            if gap is None or gap <= 0:
                 continue
             total += gap
             stalled += min(max(at(c["end"]) - at(c["start"]), 0.0), gap)
@@ -219,14 +233,9 @@ def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime:
             if waited is not None:
                 out["run"].append((live(a["start"] + waited, end), end - a["start"] - waited))
         for c in run["calls"]:
-            if c["exit"] != 0:
-                continue
-            wait = _call_wait(c)
-            if wait is None and pure:
-                wait = 0.0
-            if wait is not None:
-                out["exec"].append((live(c["start"], c["end"]),
-                                    c["end"] - c["start"] - c["duration_s"] - wait))
+            gap = _exec_gap(c, pure)
+            if gap is not None:
+                out["exec"].append((live(c["start"], c["end"]), gap))
         ends = {t["id"]: t.get("end_s") for t in run["tasks"]}
         for tid, atts in by_task.items():
             atts.sort(key=lambda a: a["attempt"])

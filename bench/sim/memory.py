@@ -293,7 +293,7 @@ class Domain:
         free = free0 = max(self.budget - self.usage(), 0.0) / self._freed_per_byte()
         fast = cfg.swap_in_bps
         slow = 1.0 / (1.0 / fast + 1.0 / cfg.swap_bandwidth_bps)
-        t = got_all = wait = 0.0
+        t = got_all = 0.0  # t: when the call being served is done (the wait so far)
         for c in sorted(waiting, key=lambda c: c.started):
             if c.owed <= 0:  # a new pass over its pages: all of what is out must come back
                 c.owed = c.swapped
@@ -314,12 +314,11 @@ class Domain:
             c.swapped -= back
             self.call_swapped -= back
             got_all += back
-            wait = max(wait, t)
             if c.owed <= SLACK:
                 c.owed = 0.0
         self.refault_bytes += got_all
         self._reclaim_in = max(got_all - free0, 0.0)
-        return wait
+        return t
 
     def _stalled(self, wait: float, dt: float) -> None:
         """Some task waited `wait` of this period (PSI some counts it once, whoever waits)."""
