@@ -407,7 +407,8 @@ def test_admission_across_sandboxes_prevents_oom(domain: Containers) -> None:
     assert len(runs) == N_BOXES and not any(e["oom_killed"] for e in runs)
     delays = [e["waited_s"] + e["held_s"] for e in runs]
     assert max(delays) > 1.0, [(e["waited_s"], e["held_s"]) for e in runs]
-    assert all((e["hint"] or {}).get("memory_bytes") == (CALL_MIB + 20) << 20 for e in runs), runs
+    assert all((e["hint"] or {}).get("memory_bytes") == (CALL_MIB + 20) << 20 for e in runs), [
+        (e["argv"], e["hint"], e["inside"]) for e in runs]
     report("admission_across_sandboxes", {
         "eager": eager, "gated": gated,
         "waited_s": [e["waited_s"] for e in runs],

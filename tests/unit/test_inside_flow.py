@@ -205,6 +205,49 @@ def test_a_child_is_placed_admitted_and_journaled(tmp_path: Path,
     assert entry["hint"]["memory_bytes"] == 300 * MiB
 
 
+def test_a_call_caught_in_a_slow_exec_keeps_its_hint(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sh -c 'memhog ...'` caught while the shell execs the tool: /proc reads neither command
+    line nor environment until that exec is done, which at a full memory domain under TCG took
+    longer than exec_image's in-line wait (the call was admitted without its hint, e2e
+    test_admission_across_sandboxes failed in CI). It is admitted once the exec is done."""
+    agents, _cg, moves = _setup(tmp_path, monkeypatch)
+    real_image = procfs.exec_image
+    done_at = [0.0]  # when the fake exec ends: 0.3 s after the call was placed
+
+    def image(pid: int, within_s: float = 0.05) -> tuple[list[str], list[str]]:
+        if done_at[0] == 0.0:
+            done_at[0] = time.monotonic() + 0.3
+        if time.monotonic() < done_at[0]:
+            time.sleep(min(within_s, 0.05))
+            return [], []
+        return real_image(pid, within_s)
+
+    monkeypatch.setattr(procfs, "exec_image", image)
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            env = dict(os.environ, AGENT_RESOURCE_HINT="memory:300m")
+            child = subprocess.Popen(["sleep", "3"], env=env)
+            while b"AGENT_RESOURCE_HINT" not in Path(f"/proc/{child.pid}/environ").read_bytes():
+                await asyncio.sleep(0.001)
+            FakeConnector.instances[-1].push(*_events(os.getpid(), child.pid))
+            await asyncio.sleep(0.1)
+            [call] = agents.calls.values()
+            assert [p for p, _ in moves] == [child.pid] and call.call.managed is None
+            await _until(lambda: call.call.managed is not None)
+            assert call.call.hint["memory_bytes"] == 300 * MiB
+            assert call.call.argv == ["sleep", "3"] and call.call.start is not None
+            assert agents.stats["in_exec"] == 1
+            child.kill()
+            child.wait()
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_command_started_before_the_daemon_listened_is_placed_late(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agents, _cg, moves = _setup(tmp_path, monkeypatch)

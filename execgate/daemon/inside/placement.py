@@ -27,6 +27,9 @@ from .tracker import Match
 log = logging.getLogger("execgated.inside")
 
 MAX_XATTR_ARGV = 2048
+# A call caught inside an exec is read again this often, for at most this long.
+EXEC_POLL_S = 0.01
+EXEC_WAIT_S = 2.0
 
 
 def write_line(fd: int | None, tty: bool, text: str) -> None:
@@ -99,12 +102,15 @@ class Placement(AgentsState):
         stderr = procfs.take_stderr(m.tgid)
         tty = stderr is not None and os.isatty(stderr)
         argv, environ = procfs.exec_image(m.tgid)
+        # Still inside an exec (`sh -c 'tool ...'` execs the tool as we read): its command line
+        # and environment, the hint with them, are read when it is done (see _describe_later).
+        in_exec = not argv and procfs.state(m.tgid) not in (None, "Z", "X")
         if not argv:  # it ended already: no command line left, but a zombie keeps its name
             short = procfs.comm(m.tgid) or name_early
             argv = [short] if short else []
         name = os.path.basename(tool)
         call = ToolCall(name, box.cid, box.sandbox, tool, argv, tty=tty,
-                        hint=self._hint(environ, box, stderr, tty),
+                        hint=None if in_exec else self._hint(environ, box, stderr, tty),
                         oom_score_adj=self.cfg.tool_oom_score_adj,
                         arrival=time.time() - (moved_ns - m.exec_ns) / 1e9)
         call.redact = self.cfg.redact_commands
@@ -118,20 +124,52 @@ class Placement(AgentsState):
         c = Call(call, m.tgid, box, stderr, frozen=self.conf.freeze == "always")
         self.calls[name] = c
         self.by_pid[m.tgid] = c
-        if self.cfg.memory_high_from_hint and call.hint and call.hint.get("memory_bytes"):
-            with contextlib.suppress(OSError):
-                v2.write(tool, "memory.high", str(call.hint["memory_bytes"]))
-        assert self.ends is not None
+        assert self.ends is not None and self.loop is not None
+        self.loop.call_soon(self._replenish, box)
         if not self.ends.watch(name, tool):
             self._ended(name)
             return
+        if in_exec:
+            self.stats["in_exec"] += 1
+            self._describe_later(c, time.monotonic() + EXEC_WAIT_S)
+            return
+        self._admit_described(c)
+
+    def _describe_later(self, c: Call, deadline: float) -> None:
+        """A call placed inside an exec: its image read again every EXEC_POLL_S, off the
+        loop's critical path (an exec slowed by reclaim takes far longer than exec_image's
+        in-line wait: one under TCG at a full memory domain lost its hint in CI), then
+        admitted as any other. Past `deadline` it is admitted with what can be read."""
+        if self.calls.get(c.name) is not c:
+            return  # it ended meanwhile; its journal line says what was known
+        try:
+            argv, environ = procfs.exec_image(c.pid, within_s=0.0)
+            if (not argv and procfs.state(c.pid) not in (None, "Z", "X")
+                    and time.monotonic() < deadline):
+                assert self.loop is not None
+                self.loop.call_later(EXEC_POLL_S, self._describe_later, c, deadline)
+                return
+            if argv:
+                c.call.argv = argv
+            c.call.hint = self._hint(environ, c.box, c.stderr, c.call.tty)
+            self._admit_described(c)
+        except Exception:  # a bug here must not stop the event loop
+            self.stats["failed"] += 1
+            log.exception("inside agents: describing %d failed; it runs unmanaged", c.pid)
+            self._run(c, None)
+
+    def _admit_described(self, c: Call) -> None:
+        """Its command and hint known: its limit from the hint, admission, and its mark (what
+        a restarted daemon reads back)."""
+        call = c.call
+        if self.cfg.memory_high_from_hint and call.hint and call.hint.get("memory_bytes"):
+            with contextlib.suppress(OSError):
+                v2.write(call.cgroup, "memory.high", str(call.hint["memory_bytes"]))
         self._admit(c)
         xcall = call.journal()
-        if len(" ".join(argv)) > MAX_XATTR_ARGV:
-            xcall["argv"] = argv[:1]
-        set_mark(tool, json.dumps(xcall, separators=(",", ":")).encode())
-        assert self.loop is not None
-        self.loop.call_soon(self._replenish, box)
+        if len(" ".join(call.argv)) > MAX_XATTR_ARGV:
+            xcall["argv"] = call.argv[:1]
+        set_mark(call.cgroup, json.dumps(xcall, separators=(",", ":")).encode())
 
     def _hint(self, environ: list[str], box: Box, stderr: int | None, tty: bool
               ) -> dict[str, Any] | None:

@@ -93,7 +93,8 @@ class AgentsState:
         self._overruns = 0
         self._starting = False
         self._retry_listen_at = 0.0
-        self.stats = {"placed": 0, "short": 0, "missed": 0, "failed": 0, "events": 0}
+        self.stats = {"placed": 0, "short": 0, "missed": 0, "failed": 0, "events": 0,
+                      "in_exec": 0}
         # Calls in their first slice (place_after_ms): tgid -> (timer, match).
         self._due: dict[int, tuple[asyncio.TimerHandle, Match]] = {}
         self._slice_ns = int(self.conf.place_after_ms * 1e6)
