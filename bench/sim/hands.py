@@ -87,6 +87,8 @@ _LIVE_COLD = _sa is not None and "cold_bytes" in {f.name for f in dataclasses.fi
 _LIVE_SWAP = _sa is not None and "swap_bytes" in {f.name for f in dataclasses.fields(LiveSandbox)}
 _SNAP_SWAP = _sa is not None and "swap_free_bytes" in {
     f.name for f in dataclasses.fields(_sa.DomainSnapshot)}
+_SNAP_CREDIT = _sa is not None and "swap_credit_bytes" in {
+    f.name for f in dataclasses.fields(_sa.DomainSnapshot)}
 _ASSESS = inspect.signature(assess_pressure).parameters
 _PSI = "psi_some_avg10" in _ASSESS
 _CREDIT = "swap_credit" in _ASSESS and SwapCredit is not None
@@ -283,7 +285,10 @@ class ExecgateHands:
             rate = (self.res.swap_out_bytes_per_s(self.swap_out_configured)
                     * (1.0 - self.res.swap_kept()))
             swap = (int(min(self.res.swap_room(), 1 << 62)) if pushes else 0, rate)
-        snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running, 0, *swap)
+        # The swap room call admission counts: calls run on it (sandbox_admission.py).
+        credit = ({"swap_credit_bytes": self.reading.swap_credit}
+                  if _SNAP_CREDIT and self.reading is not None else {})
+        snap = _sa.DomainSnapshot(self.domain.budget, margin, live, running, 0, *swap, **credit)
         if pushes:  # the daemon renews the standing ask while a create waits
             self.res.make_room(self.res.room_wanted())
         pushable: int | None = None  # summed for a start only: most steps start nothing

@@ -49,7 +49,7 @@ LIVE: dict[str, frozenset[str] | None] = {
     "sandbox_admission": frozenset({"enabled", "max_start_wait_s", "default_baseline_bytes",
                                     "default_call_peak_bytes", "baseline_quantile",
                                     "settle_s", "count_call_load", "reserve_growth",
-                                    "learn_from_live"}),
+                                    "learn_from_live", "calls_on_swap"}),
     "headroom": ALL,
     "metrics": frozenset(),  # the endpoint is bound at start
     "retention": ALL,

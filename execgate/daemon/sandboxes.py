@@ -272,7 +272,7 @@ class Sandboxes:
         rate = res.swap_out_bytes_per_s(self.headroom.swap_out_bytes_per_s) * (1.0 - kept)
         return DomainSnapshot(reading.budget, reading.safety_margin, live, running,
                               max(used - total, 0), room if pushes else 0, rate,
-                              free if pushes else 0)
+                              free if pushes else 0, reading.swap_credit)
 
     def _rescan(self, now: float, calls: Mapping[str, Any]) -> None:
         """Follow the records: new sandboxes join, removed ones teach their image's baseline."""

@@ -5,8 +5,8 @@ baselines alone were twice the budget, so the domain was red before any call ran
 waited out their bounded wait to be forced into a full host. A new sandbox therefore waits in
 the runtime's `create` (nothing in its cgroup yet) until
 
-    pinned + max(running, one call, load) + max(arriving + baseline(new) - absorbed, 0)
-        <= budget - S
+    pinned + max(max(running, one call, load) - on swap, 0)
+        + max(arriving + baseline(new) - absorbed, 0) <= budget - S
 
 pinned: memory outside tool calls that cannot be pushed out — active sandboxes' resident memory
 (less their cold pages), idle sandboxes' resident memory less what they can give back, and
@@ -44,6 +44,11 @@ swap's free room. With swap, an arrived baseline is cold and pushable like any o
 leaves `pinned`); what must fit is its arrival, and swap-out works during the whole start.
 Before a start was measured, `default_start_s`; without swap absorbed is 0 and the whole
 baseline counts.
+
+on swap: the swap room call admission counts as memory (the domain's swap credit: none while
+it thrashes), within what the live sandboxes' claims, the arrivals and the growth leave of the
+free swap. Calls run on it, their cold pages swapped out as they grow; counting their charges
+against budget - S alone held every create while calls ran on swap that still had room.
 
 * Baselines are learned per image from finished sandboxes (`BaselineModel`): a high quantile of
   the last few observed baselines for the new sandbox (an under-estimate costs OOM kills, an
@@ -129,6 +134,10 @@ class SandboxAdmissionConfig:
     # admission; the rule before 4 Dec). Without reserve_growth a sandbox leaves the count at
     # its first call, so only its start teaches.
     learn_from_live: bool = True
+    # The calls term may use the swap room call admission counts as memory (the domain's swap
+    # credit, 0 while it thrashes), what the sandboxes' claims, arrivals and growth leave of the
+    # free swap (false: calls fit in budget - S alone, the rule before 4 Dec, evening).
+    calls_on_swap: bool = True
 
     def __post_init__(self) -> None:
         if self.default_baseline_bytes < 0 or self.default_call_peak_bytes < 0:
@@ -302,6 +311,9 @@ class DomainSnapshot:
     # The free swap the live sandboxes share (the host's; swap_free_bytes is what one arriving
     # sandbox may use, within its swap.max); None: swap_free_bytes.
     swap_shared_bytes: int | None = None
+    # The swap room call admission counts as available now (`PressureReading.swap_credit`:
+    # 0 while the domain thrashes or swap credit is off): calls it runs on it are not resident.
+    swap_credit_bytes: int = 0
 
     @property
     def room_bytes(self) -> int:
@@ -322,7 +334,7 @@ class SandboxDecision:
     sandbox_id: str
     verdict: Verdict
     waited_s: float
-    need_bytes: int  # pinned + max(running calls, one call, load) + unabsorbed arrivals
+    need_bytes: int  # pinned + max(running calls, one call, load) - on swap + unabsorbed
     room_bytes: int  # budget − S
     baseline_bytes: int
     call_peak_bytes: int  # the one-call term: the largest next-call peak, the new one's included
@@ -607,18 +619,33 @@ class SandboxAdmission:
         load = self.call_load()
         loads = self._load_of
         absorbed = self.absorbable(snap, swap_left)
-        # Settled sandboxes' growth comes over their lives: swap's free room (beyond what the
-        # arrivals take) absorbs it as it comes; what it cannot is as good as pinned.
-        growth = max(growing - max(swap_left - absorbed, 0), 0)
-        pinned += growth
+        credit = max(snap.swap_credit_bytes, 0) if cfg.calls_on_swap else 0
+
+        @functools.cache  # creates behind one another mostly share their figures
+        def on_swap_of(arriving: int, baseline: int) -> tuple[int, int]:
+            """(growth pinned, calls on swap) beside the arrivals and a new `baseline`. The free
+            swap left after the claims goes to the arrivals (what of them swap-out moves during
+            a start: their bytes at most, not the bandwidth's whole reach, which left no room
+            for the rest at hardware speed), then to settled sandboxes' growth as it comes
+            (what it cannot take is as good as pinned), then to calls: call admission runs
+            them on the swap credit, their cold pages swapped out as they grow, and counting
+            their charges against budget - S alone held every create until they ended while
+            swap had room (the simulator's 15x Poisson point at hardware speed: creates waited
+            15 s on average, execgate 13 % behind eager+swap, which lost nothing)."""
+            left = max(swap_left - min(absorbed, arriving + baseline), 0)
+            growth = max(growing - left, 0)
+            return growth, min(credit, left - (growing - growth))
+
         # top: the largest (next-call peak, id) so far, kept as sandboxes start: one pass over
         # the live sandboxes per step, not one per queued create (1,000 sandboxes made it the
         # cost).
         fmt = functools.cache(fmt_bytes)  # few sizes recur in reasons
 
-        @functools.cache  # and creates behind one another share their terms
+        @functools.cache  # and their terms
         def terms_of(pinned: int, arriving: int, baseline: int, source: str, peak: int,
                      peak_of: str, load: int) -> str:
+            growth, on_swap = on_swap_of(arriving, baseline)
+            pinned += growth
             if load > max(peak, running):
                 calls = (f"call load {fmt(load)} (the live sandboxes' and its expected calls; "
                          f"> next peak {fmt(peak)} of {peak_of})")
@@ -630,7 +657,10 @@ class SandboxAdmission:
             if arriving or absorbed:
                 base = (f"unabsorbed arrivals {fmt(_unabsorbed(arriving, baseline, absorbed))} "
                         f"(arriving {fmt(arriving)} + {base} - swap absorbs {fmt(absorbed)})")
-            need = pinned + max(peak, running, load) + _unabsorbed(arriving, baseline, absorbed)
+            need = (pinned + max(max(peak, running, load) - on_swap, 0)
+                    + _unabsorbed(arriving, baseline, absorbed))
+            if on_swap:
+                calls += f" - on swap {fmt(on_swap)}"
             held = f"pinned {fmt(pinned)}"
             if growth:
                 held += f" ({fmt(growth)} of it growth to come)"
@@ -652,7 +682,8 @@ class SandboxAdmission:
             mine = (pred.call_peak_bytes, sid)
             peak, peak_of = mine if top is None else max(top, mine)
             calls = load + loads(entry.request.image)
-            need = (pinned + max(peak, running, calls)
+            growth, on_swap = on_swap_of(arriving, pred.baseline_bytes)
+            need = (pinned + growth + max(max(peak, running, calls) - on_swap, 0)
                     + _unabsorbed(arriving, pred.baseline_bytes, absorbed))
             waited = max(now - entry.arrival, 0.0)
             terms = terms_of(pinned, arriving, pred.baseline_bytes, pred.source, peak, peak_of,

@@ -299,6 +299,11 @@ def test_the_snapshot_offers_swap_room_within_the_sandboxes_swap_max(tmp_path: P
         res.cfg = dataclasses.replace(res.cfg, swap_max="0")
         bed.engine.tick()
         assert bed.engine.sandboxes.last.swap_free_bytes == 0  # type: ignore[union-attr]
+        # the swap room call admission counts as memory: calls run on it (sandbox_admission)
+        bed.engine._swap_credit = lambda: 123 * MiB  # type: ignore[method-assign]
+        bed.engine.tick()
+        snap = bed.engine.sandboxes.last
+        assert snap is not None and snap.swap_credit_bytes == 123 * MiB
         conn.hung_up.set()
         await asyncio.wait_for(task, 1)
 

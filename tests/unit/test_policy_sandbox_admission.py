@@ -516,6 +516,50 @@ def test_growth_still_to_come_is_absorbed_by_swaps_free_room() -> None:
         adm.submit(SandboxRequest("b", "py"))
 
 
+def test_arrivals_take_of_the_free_swap_only_their_bytes() -> None:
+    """What swap-out could move during a start is a reach, not a use: the arrivals take their
+    bytes of the free swap, and the growth to come gets the rest. (Taking the whole reach left
+    no room for growth at hardware speed: 1 GiB/s over a 1 s start took all of 1 GiB free,
+    and 400 MiB of growth counted as pinned beside 600 MiB of swap nobody used.)"""
+    adm, clock = make()
+    adm.finished("old", "py", 600 * MiB)
+    adm.submit(SandboxRequest("a", "py"))
+    adm.step(snap(budget=8 * GiB))
+    clock.t += 1.0
+    adm.settled("a")  # a start of 1 s
+    a = LiveSandbox("a", 200 * MiB, 0, None, 0)
+    adm.submit(SandboxRequest("b", "py"))
+    fast = DomainSnapshot(8 * GiB, 0, (a,), (), 0, swap_free_bytes=1 * GiB,
+                          swap_out_bytes_per_s=1.0 * GiB)
+    [d] = adm.step(fast, waiting=True)
+    # b's 600 MiB arrive into swap; a's 400 MiB still to come fit the 424 MiB left
+    assert d.need_bytes == (200 + 256) * MiB, d.reason
+    assert "growth to come" not in d.reason
+
+
+def test_calls_run_on_the_swap_credit_call_admission_counts() -> None:
+    """Call admission runs calls on the swap credit (budget - S + credit): their charges may
+    exceed budget - S while swap takes their cold pages. Sandbox admission lets its calls term
+    use that credit, within what the arrivals leave of the free swap; none while the domain
+    thrashes (credit 0) or with calls_on_swap off (the rule before)."""
+    def need(credit: int, free: int, cfg: SandboxAdmissionConfig = CFG) -> tuple[Verdict, int]:
+        adm, _ = make(dataclasses.replace(cfg, default_start_s=1.0))
+        adm.submit(SandboxRequest("b", "py"))
+        s = DomainSnapshot(1 * GiB, 0, (active("a", 100 * MiB),), (1200 * MiB,), 0,
+                           swap_free_bytes=free, swap_out_bytes_per_s=1.0 * GiB,
+                           swap_credit_bytes=credit)
+        [d] = adm.step(s, waiting=True)
+        assert (d.verdict is Verdict.ADMITTED) == (d.need_bytes <= 1 * GiB), d.reason
+        return d.verdict, d.need_bytes // MiB
+    # b's 256 MiB baseline arrives into swap; the running call's 1200 MiB, less 1 GiB of credit
+    assert need(1 * GiB, 2 * GiB) == (Verdict.ADMITTED, 100 + 1200 - 1024)
+    assert need(0, 2 * GiB) == (Verdict.WAITING, 100 + 1200)  # thrashing: no credit
+    off = dataclasses.replace(CFG, calls_on_swap=False)
+    assert need(1 * GiB, 2 * GiB, off) == (Verdict.WAITING, 100 + 1200)
+    # 300 MiB free: the arrival takes 256 of it, calls get the 44 left
+    assert need(1 * GiB, 300 * MiB) == (Verdict.WAITING, 100 + 1200 - 44)
+
+
 def test_an_unbounded_wait_never_fails_open_and_status_says_so() -> None:
     """max_start_wait_s = inf (TOML): for engines that wait on a create as long as it takes
     (Docker, Podman), creates queue under sustained overload instead of failing open."""
