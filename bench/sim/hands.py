@@ -299,7 +299,7 @@ class ExecgateHands:
                     pushable = sum(s.pushable_bytes for s in live)
                 # Admitted on what idle sandboxes can give back or swap absorbs: have them
                 # give it (daemon/sandboxes.py step()).
-                absorbed = getattr(d, "absorbed_bytes", 0)
+                absorbed = getattr(d, "absorbed_bytes", 0) + getattr(d, "on_swap_bytes", 0)
                 deficit = d.need_bytes + absorbed + pushable - d.room_bytes
                 if d.verdict is _sa.Verdict.ADMITTED and (pushable or absorbed) and deficit > 0:
                     self.res.make_room(max(self.res.room_wanted(), deficit))

@@ -218,9 +218,10 @@ class Sandboxes:
             if not d.start:
                 continue
             # Admitted on what idle sandboxes can give back, or on what swap absorbs while the
-            # baselines arrive: have them give it.
-            deficit = d.need_bytes + d.absorbed_bytes + pushable - d.room_bytes
-            if d.verdict is Verdict.ADMITTED and (pushable or d.absorbed_bytes) and deficit > 0:
+            # baselines arrive or takes of the calls: have them give it.
+            to_swap = d.absorbed_bytes + d.on_swap_bytes
+            deficit = d.need_bytes + to_swap + pushable - d.room_bytes
+            if d.verdict is Verdict.ADMITTED and (pushable or to_swap) and deficit > 0:
                 self.residency.make_room(max(self.residency.room_wanted(), deficit))
             _msg, fut = self.waiting.pop(d.sandbox_id, (None, None))
             if fut is not None and not fut.done():

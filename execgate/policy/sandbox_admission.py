@@ -342,6 +342,9 @@ class SandboxDecision:
     # What of the arriving baselines (this one's included) the rule left to swap: residency is
     # to push that much out while they arrive.
     absorbed_bytes: int = 0
+    # What of the calls term the rule left to swap (the swap credit it used): residency is to
+    # push that much out too, ahead of the calls, not leave it to the kernel as they grow.
+    on_swap_bytes: int = 0
 
     @property
     def start(self) -> bool:
@@ -710,7 +713,8 @@ class SandboxAdmission:
             return frozen(  # its __init__ costs, one per queued create per step
                 SandboxDecision, sandbox_id=sid, verdict=verdict, waited_s=waited,
                 need_bytes=need, room_bytes=room, baseline_bytes=pred.baseline_bytes,
-                call_peak_bytes=peak, reason=reason, absorbed_bytes=absorbs)
+                call_peak_bytes=peak, reason=reason, absorbed_bytes=absorbs,
+                on_swap_bytes=min(on_swap, max(peak, running, calls)))
 
         queue = self._oldest_first()
         for i, entry in enumerate(queue):

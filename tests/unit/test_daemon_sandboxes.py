@@ -327,6 +327,25 @@ def test_an_idle_sandbox_makes_room_it_is_asked_to_give(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_create_admitted_on_the_swap_credit_asks_residency_for_it(tmp_path: Path) -> None:
+    """The calls term's part left to swap (the credit it used) is pushed out of idle sandboxes
+    ahead of the calls, beside the arriving baseline: not left to the kernel as they grow."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path, default_call_peak_bytes="150m")
+        bed.engine.residency.swap_free = lambda: 900 * MiB  # type: ignore[method-assign]
+        bed.engine._swap_credit = lambda: 123 * MiB  # type: ignore[method-assign]
+        bed.sandbox("idle", 200 * MiB, file=150 * MiB)
+        bed.engine.tick()
+        task, conn = await bed.start("new")
+        await asyncio.wait_for(task, 1)
+        # pinned 50 + other 8 + one call 150 - 123 on swap + baseline 48 absorbed = 85 MiB
+        assert conn.frames[1]["verdict"] == "admitted", conn.frames
+        # all of it in RAM would be 58 + 150 + 150 idle + 48 = 406 MiB: 182 MiB over 224
+        assert bed.engine.residency.room_wanted() == 182 * MiB
+
+    asyncio.run(scenario())
+
+
 def test_a_create_outside_a_cgroup_domain_is_admitted_at_once(tmp_path: Path) -> None:
     async def scenario() -> None:
         bed = Bed(tmp_path)

@@ -542,7 +542,8 @@ def test_calls_run_on_the_swap_credit_call_admission_counts() -> None:
     exceed budget - S while swap takes their cold pages. Sandbox admission lets its calls term
     use that credit, within what the arrivals leave of the free swap; none while the domain
     thrashes (credit 0) or with calls_on_swap off (the rule before)."""
-    def need(credit: int, free: int, cfg: SandboxAdmissionConfig = CFG) -> tuple[Verdict, int]:
+    def need(credit: int, free: int, cfg: SandboxAdmissionConfig = CFG
+             ) -> tuple[Verdict, int, int]:
         adm, _ = make(dataclasses.replace(cfg, default_start_s=1.0))
         adm.submit(SandboxRequest("b", "py"))
         s = DomainSnapshot(1 * GiB, 0, (active("a", 100 * MiB),), (1200 * MiB,), 0,
@@ -550,14 +551,15 @@ def test_calls_run_on_the_swap_credit_call_admission_counts() -> None:
                            swap_credit_bytes=credit)
         [d] = adm.step(s, waiting=True)
         assert (d.verdict is Verdict.ADMITTED) == (d.need_bytes <= 1 * GiB), d.reason
-        return d.verdict, d.need_bytes // MiB
+        return d.verdict, d.need_bytes // MiB, d.on_swap_bytes // MiB
     # b's 256 MiB baseline arrives into swap; the running call's 1200 MiB, less 1 GiB of credit
-    assert need(1 * GiB, 2 * GiB) == (Verdict.ADMITTED, 100 + 1200 - 1024)
-    assert need(0, 2 * GiB) == (Verdict.WAITING, 100 + 1200)  # thrashing: no credit
+    # (what residency is to push out ahead of them, beside the arrival)
+    assert need(1 * GiB, 2 * GiB) == (Verdict.ADMITTED, 100 + 1200 - 1024, 1024)
+    assert need(0, 2 * GiB) == (Verdict.WAITING, 100 + 1200, 0)  # thrashing: no credit
     off = dataclasses.replace(CFG, calls_on_swap=False)
-    assert need(1 * GiB, 2 * GiB, off) == (Verdict.WAITING, 100 + 1200)
+    assert need(1 * GiB, 2 * GiB, off) == (Verdict.WAITING, 100 + 1200, 0)
     # 300 MiB free: the arrival takes 256 of it, calls get the 44 left
-    assert need(1 * GiB, 300 * MiB) == (Verdict.WAITING, 100 + 1200 - 44)
+    assert need(1 * GiB, 300 * MiB) == (Verdict.WAITING, 100 + 1200 - 44, 44)
 
 
 def test_an_unbounded_wait_never_fails_open_and_status_says_so() -> None:
