@@ -299,9 +299,9 @@ class ExecgateHands:
                     pushable = sum(s.pushable_bytes for s in live)
                 # Admitted on what idle sandboxes can give back or swap absorbs: have them
                 # give it (daemon/sandboxes.py step()).
-                absorbed = getattr(d, "absorbed_bytes", 0) + getattr(d, "on_swap_bytes", 0)
-                deficit = d.need_bytes + absorbed + pushable - d.room_bytes
-                if d.verdict is _sa.Verdict.ADMITTED and (pushable or absorbed) and deficit > 0:
+                to_swap = getattr(d, "absorbed_bytes", 0) + getattr(d, "on_swap_bytes", 0)
+                deficit = d.need_bytes + to_swap + pushable - d.room_bytes
+                if d.verdict is _sa.Verdict.ADMITTED and (pushable or to_swap) and deficit > 0:
                     self.res.make_room(max(self.res.room_wanted(), deficit))
                     self.stats.sandbox_room_asks += 1
                 self.in_flight[d.sandbox_id] = (self.box_waiting.get(d.sandbox_id)

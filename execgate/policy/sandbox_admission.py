@@ -645,10 +645,9 @@ class SandboxAdmission:
         fmt = functools.cache(fmt_bytes)  # few sizes recur in reasons
 
         @functools.cache  # and their terms
-        def terms_of(pinned: int, arriving: int, baseline: int, source: str, peak: int,
-                     peak_of: str, load: int) -> str:
-            growth, on_swap = on_swap_of(arriving, baseline)
-            pinned += growth
+        def terms_of(pinned: int, growth: int, arriving: int, baseline: int, source: str,
+                     peak: int, peak_of: str, load: int, on_swap: int, need: int) -> str:
+            """The reason's sum, `need` (decide's) spelt out term by term."""
             if load > max(peak, running):
                 calls = (f"call load {fmt(load)} (the live sandboxes' and its expected calls; "
                          f"> next peak {fmt(peak)} of {peak_of})")
@@ -660,11 +659,9 @@ class SandboxAdmission:
             if arriving or absorbed:
                 base = (f"unabsorbed arrivals {fmt(_unabsorbed(arriving, baseline, absorbed))} "
                         f"(arriving {fmt(arriving)} + {base} - swap absorbs {fmt(absorbed)})")
-            need = (pinned + max(max(peak, running, load) - on_swap, 0)
-                    + _unabsorbed(arriving, baseline, absorbed))
             if on_swap:
                 calls += f" - on swap {fmt(on_swap)}"
-            held = f"pinned {fmt(pinned)}"
+            held = f"pinned {fmt(pinned + growth)}"
             if growth:
                 held += f" ({fmt(growth)} of it growth to come)"
             return f"{held} + {base} + {calls} = {fmt(need)}"
@@ -686,11 +683,12 @@ class SandboxAdmission:
             peak, peak_of = mine if top is None else max(top, mine)
             calls = load + loads(entry.request.image)
             growth, on_swap = on_swap_of(arriving, pred.baseline_bytes)
-            need = (pinned + growth + max(max(peak, running, calls) - on_swap, 0)
+            calls_term = max(peak, running, calls)
+            need = (pinned + growth + max(calls_term - on_swap, 0)
                     + _unabsorbed(arriving, pred.baseline_bytes, absorbed))
             waited = max(now - entry.arrival, 0.0)
-            terms = terms_of(pinned, arriving, pred.baseline_bytes, pred.source, peak, peak_of,
-                             calls)
+            terms = terms_of(pinned, growth, arriving, pred.baseline_bytes, pred.source, peak,
+                             peak_of, calls, on_swap, need)
             if not cfg.enabled:
                 verdict, reason = Verdict.ADMITTED, "admitted: sandbox admission is off"
             elif ahead is None and empty:
@@ -714,7 +712,7 @@ class SandboxAdmission:
                 SandboxDecision, sandbox_id=sid, verdict=verdict, waited_s=waited,
                 need_bytes=need, room_bytes=room, baseline_bytes=pred.baseline_bytes,
                 call_peak_bytes=peak, reason=reason, absorbed_bytes=absorbs,
-                on_swap_bytes=min(on_swap, max(peak, running, calls)))
+                on_swap_bytes=min(on_swap, calls_term))
 
         queue = self._oldest_first()
         for i, entry in enumerate(queue):

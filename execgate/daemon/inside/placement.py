@@ -104,7 +104,7 @@ class Placement(AgentsState):
         argv, environ = procfs.exec_image(m.tgid)
         # Still inside an exec (`sh -c 'tool ...'` execs the tool as we read): its command line
         # and environment, the hint with them, are read when it is done (see _describe_later).
-        in_exec = not argv and procfs.state(m.tgid) not in (None, "Z", "X")
+        in_exec = not argv and procfs.alive(m.tgid)
         if not argv:  # it ended already: no command line left, but a zombie keeps its name
             short = procfs.comm(m.tgid) or name_early
             argv = [short] if short else []
@@ -144,8 +144,7 @@ class Placement(AgentsState):
             return  # it ended meanwhile; its journal line says what was known
         try:
             argv, environ = procfs.exec_image(c.pid, within_s=0.0)
-            if (not argv and procfs.state(c.pid) not in (None, "Z", "X")
-                    and time.monotonic() < deadline):
+            if not argv and procfs.alive(c.pid) and time.monotonic() < deadline:
                 assert self.loop is not None
                 self.loop.call_later(EXEC_POLL_S, self._describe_later, c, deadline)
                 return

@@ -73,6 +73,11 @@ def state(pid: int) -> str | None:
     return fields[0].decode() if fields else None
 
 
+def alive(pid: int) -> bool:
+    """It exists and is not a zombie (a live process has a command line once its exec is done)."""
+    return state(pid) not in (None, "Z", "X")
+
+
 def exec_image(pid: int, within_s: float = 0.05) -> tuple[list[str], list[str]]:
     """Its command line and environment, read as one program's.
 
@@ -89,7 +94,7 @@ def exec_image(pid: int, within_s: float = 0.05) -> tuple[list[str], list[str]]:
         environ = nul_list(f"/proc/{pid}/environ")
         if argv and nul_list(f"/proc/{pid}/cmdline") == argv:
             return argv, environ
-        if state(pid) in (None, "Z", "X") or time.monotonic() >= deadline:
+        if not alive(pid) or time.monotonic() >= deadline:
             return argv, environ
         time.sleep(0.0005)
 
