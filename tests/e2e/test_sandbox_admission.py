@@ -10,7 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import conftest
 from conftest import (
+    CGROOT,
     IMAGE,
     RUNTIME,
     Containers,
@@ -19,10 +21,12 @@ from conftest import (
     daemon_view,
     docker,
     memory_domain,
+    oom_kills,
     systemctl,
     wait_for,
 )
 
+from execgate.common import config, protocol
 from execgate.common.units import MiB
 
 SLICE = "egsa.slice"
@@ -212,3 +216,73 @@ def test_an_idle_sandbox_makes_room_for_a_create_through_compressed_swap(
 def _memory_swapped(cg: str) -> int:
     with open(os.path.join(cg, "memory.swap.current")) as f:
         return int(f.read())
+
+
+# Two calls hold 100 MiB each; a new sandbox's baseline (64 MiB) does not fit beside them in
+# budget - S (1 + 200 + 64 > 224) but does once the calls may run on the swap credit (free swap
+# less S: 96 MiB of the test's 128 MiB zram). The calls term counts what running calls hold
+# or were charged, whichever is more (a first call's charge is its predicted average, not its
+# declared peak: call admission's logical charge). Swap-out is configured slow so that what
+# swap absorbs of the arriving baseline (bandwidth x start) stays small and the calls term
+# decides; a live sandbox's growth toward the default baseline is not reserved (it would take
+# the free swap first).
+ON_SWAP = ('[sandbox_admission]\ndefault_baseline_bytes = "64m"\n'
+           'default_call_peak_bytes = "32m"\nmax_start_wait_s = 300\nreserve_growth = false\n'
+           'calls_on_swap = {on}\n[residency]\nreclaim = true\n'
+           '[headroom]\nswap_out_bytes_per_s = "1m"\n')
+CALL_MIB = 100
+DECLARED = ("-e", f"AGENT_RESOURCE_HINT=memory:{CALL_MIB}m")
+
+
+def _create_beside_two_calls(containers: Containers, on: bool, hold_s: int
+                             ) -> tuple[dict, dict, bool, int]:
+    """(the create's start record, its admission event, whether both calls still ran when its
+    `docker run` returned, OOM kills in the slice)."""
+    with memory_domain(containers, SLICE, BUDGET, 2,
+                       ON_SWAP.format(on=str(on).lower())) as (a, b):
+        domain = os.path.join(CGROOT, SLICE)
+        calls = [subprocess.Popen(["docker", "exec", *DECLARED, cid, "memhog",
+                                   str(CALL_MIB), str(hold_s)]) for cid in (a, b)]
+        wait_for(lambda: _memory(domain) >= 2 * (CALL_MIB - 4) * MiB, timeout=120, interval=0.5,
+                 what="both calls' memory")
+        with protocol.Client(config.load(conftest.CONFIG).socket, timeout=600) as events:
+            events.send(protocol.request("events"))
+            assert events.recv().get("subscribed"), "the daemon's event stream"
+            name = f"egsa-calls-{'on' if on else 'off'}-swap"
+            proc = _create(containers, name)
+            if not on:  # it waits for the calls, and the reason has no swap in its calls term
+                w = wait_for(_waiting, timeout=120, interval=0.5, what="the create waiting")
+                print(f"waiting: {w['reason']}")
+                assert "short" in w["reason"] and "on swap" not in w["reason"], w
+            event = events.recv()
+            while (event.get("event"), event.get("of")) != ("admitted", "sandbox"):
+                event = events.recv()
+        cid = _finish(proc, timeout=600)
+        during = all(c.poll() is None for c in calls)
+        assert event["sandbox"] == cid, event
+        for c in calls:
+            assert c.wait(timeout=600) == 0
+        assert docker("exec", cid, "echo", "ok").stdout == b"ok\n"
+        result = _start_of(cid), event, during, oom_kills(domain)
+        for box in (a, b, name):  # the next domain starts empty
+            docker("rm", "-f", box)
+            containers.ids.remove(box)
+        return result
+
+
+def test_a_create_starts_beside_calls_that_run_on_the_swap_credit(
+        containers: Containers, tmp_path: Path) -> None:
+    """calls_on_swap: call admission runs calls on the swap room; sandbox admission counts the
+    same room, so a create is not held until calls end while swap has room for them."""
+    from test_residency import _compressed_swap
+
+    with _compressed_swap(str(tmp_path)):
+        start, event, during, kills = _create_beside_two_calls(containers, True, 60)
+        print(f"on swap: {start}; {event['reason']}")
+        assert start["verdict"] == "admitted" and start["waited_s"] < 30, start
+        assert "on swap" in event["reason"] and during and kills == 0, (event, during, kills)
+        start, event, during, kills = _create_beside_two_calls(containers, False, 30)
+        print(f"without: {start}; {event['reason']}")
+        # It waited for the calls' end (30 s of holding): admitted after, not failed open.
+        assert start["verdict"] == "admitted" and start["waited_s"] >= 10, start
+        assert "on swap" not in event["reason"] and not during and kills == 0, (event, kills)
