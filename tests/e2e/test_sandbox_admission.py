@@ -281,8 +281,8 @@ def test_a_create_starts_beside_calls_that_run_on_the_swap_credit(
         print(f"on swap: {start}; {event['reason']}")
         assert start["verdict"] == "admitted" and start["waited_s"] < 30, start
         assert "on swap" in event["reason"] and during and kills == 0, (event, during, kills)
-        start, event, during, kills = _create_beside_two_calls(containers, False, 30)
+        start, event, during, kills = _create_beside_two_calls(containers, False, 45)
         print(f"without: {start}; {event['reason']}")
-        # It waited for the calls' end (30 s of holding): admitted after, not failed open.
+        # It waited for the calls' end (45 s of holding): admitted after, not failed open.
         assert start["verdict"] == "admitted" and start["waited_s"] >= 10, start
         assert "on swap" not in event["reason"] and not during and kills == 0, (event, kills)
