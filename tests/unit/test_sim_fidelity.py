@@ -119,6 +119,18 @@ def test_one_shape_two_levels_when_runc_saw_one_load() -> None:
     assert alone(2) < 0.5 * base(2)
 
 
+def test_runc_keeps_its_own_level_where_it_has_points_beside_execgates_own_shape() -> None:
+    """A 15x burst boot with reserve as its only runc scheme: runc's execs at one or two live
+    sandboxes (2.0-2.8 s), execgate's at 1-27 (50-130 s) with a shape of their own. The shape
+    shared for runc put its execs at 9.8 s where it measured 2.0 (reserve simulated +47 %)."""
+    runc = [(1, 2.0)] * 20 + [(2, 2.8)] * 20
+    eg = [(n, 50.0 + 3.0 * n) for n in range(1, 28)] * 3
+    base, own = fit_level(runc, eg)
+    assert base(1) == pytest.approx(2.4, abs=0.5) and base(2) == pytest.approx(2.4, abs=1)
+    assert own(1) == pytest.approx(53.0, abs=1) and own(20) == pytest.approx(110.0, abs=1)
+    assert base.r2 > -1  # before: -693
+
+
 def test_the_simulator_counts_no_held_create_in_n() -> None:
     """The simulator's n is the fit's: a create held by sandbox admission is not live."""
     scheme = SCHEMES["execgate"]
