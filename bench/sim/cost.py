@@ -362,10 +362,10 @@ def _refit_on_knee(shape: Fit, points: Sequence[tuple[int, float]]) -> Fit:
     xs = [float(min(max(n - shape.k, 0), shape.hi - shape.k)) for n, _ in points]
     ys = [y - shape.b1 * min(n, shape.k) for n, y in points]
     sol = _lstsq([[1.0] * len(xs), xs], ys) if len(set(xs)) > 1 else None
-    if sol is None or sol[1] < 0:
+    if sol is None:  # one load: its level under the shared slope
         a, b2 = sum(y - shape.b2 * x for x, y in zip(xs, ys, strict=True)) / len(ys), shape.b2
-        if sol is not None:  # falling with load: no slope of its own to trust, its mean
-            a, b2 = sum(ys) / len(ys), 0.0
+    elif sol[1] < 0:  # falling with load: no slope of its own to trust, its mean
+        a, b2 = sum(ys) / len(ys), 0.0
     else:
         a, b2 = sol
     return replace(shape, a=max(a, 0.0), b2=b2)
