@@ -290,13 +290,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _start_wait(cfg: dict[str, Any] | None, wait: float | None) -> None:
-    """[sandbox_admission] max_start_wait_s set in a daemon scheme's config, when asked."""
+    """The bound on a create's wait set in a daemon scheme's config, when asked: the bench's
+    creates are Docker's, so the bound for callers without a deadline where the policy run has
+    one (before 5 Dec, max_start_wait_s bounded every create)."""
     if cfg is not None and wait is not None:
-        cfg.setdefault("sandbox_admission", {})["max_start_wait_s"] = wait
+        from execgate.policy.sandbox_admission import SandboxAdmissionConfig
+
+        key = "max_start_wait_s_no_deadline"
+        if key not in SandboxAdmissionConfig.__dataclass_fields__:
+            key = "max_start_wait_s"
+        cfg.setdefault("sandbox_admission", {})[key] = wait
 
 
-START_WAIT_HELP = ("[sandbox_admission] max_start_wait_s (inf: creates wait as long as it "
-                   "takes, as Docker lets them)")
+START_WAIT_HELP = ("[sandbox_admission] max_start_wait_s_no_deadline, the bound on a Docker "
+                   "create's wait (default: the policy's; inf: as long as it takes, as Docker "
+                   "lets them)")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -96,6 +96,9 @@ _STARTS_ONLY = ({"waiting": False} if _sa is not None and "waiting" in inspect.s
     _sa.SandboxAdmission.step).parameters else {})
 _CALL_RAN = _sa is not None and hasattr(_sa.SandboxAdmission, "call_ran")
 _VICTIM_SWAP = "swap_free" in inspect.signature(GrowthController.last_resort_victim).parameters
+# The bench's creates are Docker's, with no deadline (a revision that cannot say bounds all).
+DOCKER = ({"caller_deadline": False} if _sa is not None and "caller_deadline" in {
+    f.name for f in dataclasses.fields(_sa.SandboxRequest)} else {})
 _FINISHED_LOAD = _sa is not None and "call_load_bytes" in inspect.signature(
     _sa.SandboxAdmission.finished).parameters
 
@@ -261,7 +264,7 @@ class ExecgateHands:
         """A managed create asks to start; returns the creates that may go on now."""
         if self.sandboxes is None:
             return [box_id]
-        self.sandboxes.submit(_sa.SandboxRequest(box_id, "bench", first_call_peak))
+        self.sandboxes.submit(_sa.SandboxRequest(box_id, "bench", first_call_peak, **DOCKER))
         self.box_waiting[box_id] = first_call_peak
         return self.step_sandboxes()
 

@@ -58,7 +58,8 @@ def admits_sandboxes(cfg: Config) -> bool:
 def start_request(cid: str, spec: Any) -> dict[str, Any]:
     """A create's `start_sandbox` fields (docs/protocol.md), from its bundle."""
     return {"sandbox": cid, "image": image_key(spec), "pod": spec.sandbox_id(cid),
-            "cgroups_path": spec.cgroups_path, "hostname": spec.hostname}
+            "cgroups_path": spec.cgroups_path, "hostname": spec.hostname,
+            "caller_deadline": spec.caller_deadline()}
 
 
 def _init_pid(pid_file: str | None) -> int:

@@ -146,9 +146,12 @@ def print_sandbox_admission(sa: dict[str, Any]) -> None:
         return
     totals = sa.get("totals") or {}
     waiting = sa.get("waiting") or []
-    wait = sa.get("max_start_wait_s")
+    def bound(key: str) -> str:
+        return "unbounded" if sa.get(key) is None else f"{sa[key]} s"
+
     print(f"sandbox admission: {'on' if sa.get('enabled') else 'off'} (max start wait "
-          f"{'unbounded' if wait is None else f'{wait} s'}); {sa.get('live', 0)} live, "
+          f"{bound('max_start_wait_s')} for kubelet, {bound('max_start_wait_s_no_deadline')} "
+          f"for callers without a deadline); {sa.get('live', 0)} live, "
           f"{len(sa.get('starting') or [])} starting, {len(waiting)} waiting; admitted "
           f"{totals.get('admitted', 0)}, fail-open {totals.get('fail-open', 0)}, cancelled "
           f"{sa.get('cancelled', 0)}")

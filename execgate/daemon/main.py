@@ -109,6 +109,8 @@ def _progress_s(msg: dict[str, Any]) -> float | None:
 
 def _start_sandbox_error(msg: dict[str, Any]) -> str | None:
     """What is wrong with a start_sandbox request, naming the field, or None."""
+    if not isinstance(msg.get("caller_deadline", True), bool):
+        return "start_sandbox's 'caller_deadline' must be true or false"
     return _strings_error("start_sandbox", msg, ("sandbox", "image"),
                           ("pod", "cgroups_path", "hostname"))
 

@@ -46,10 +46,10 @@ LIVE: dict[str, frozenset[str] | None] = {
     "inside": frozenset(),  # the agents' sources and rules are set up at start
     "residency": ALL,
     # history_window sizes each image's window, max_images the model
-    "sandbox_admission": frozenset({"enabled", "max_start_wait_s", "default_baseline_bytes",
-                                    "default_call_peak_bytes", "baseline_quantile",
-                                    "settle_s", "count_call_load", "reserve_growth",
-                                    "learn_from_live", "calls_on_swap"}),
+    "sandbox_admission": frozenset({"enabled", "max_start_wait_s", "max_start_wait_s_no_deadline",
+                                    "default_baseline_bytes", "default_call_peak_bytes",
+                                    "baseline_quantile", "settle_s", "count_call_load",
+                                    "reserve_growth", "learn_from_live", "calls_on_swap"}),
     "headroom": ALL,
     "metrics": frozenset(),  # the endpoint is bound at start
     "retention": ALL,

@@ -150,7 +150,8 @@ class Sandboxes:
         """Queue a create (`start_sandbox`); ValueError when that sandbox already asked."""
         sid, image = msg["sandbox"], msg["image"]
         fut: asyncio.Future[SandboxDecision] = asyncio.get_running_loop().create_future()
-        answer: dict[str, Any] = {"max_wait_s": self.cfg.max_start_wait_s}
+        deadline = msg.get("caller_deadline") is not False  # an older runtime: kubelet's bound
+        answer: dict[str, Any] = {"max_wait_s": self.cfg.max_wait_s(deadline)}
         target = cgroup_dir(str(msg.get("cgroups_path") or ""))
         if self.domain is not None and target is not None and not within(target, self.domain):
             self.stats["outside_domain"] += 1
@@ -159,7 +160,8 @@ class Sandboxes:
             return answer, fut
         if sid not in self.waiting:  # the same container again (a restart): a new start
             self.policy.cancel(sid)
-        ticket = self.policy.submit(SandboxRequest(sid, image, arrival=self.clock()))
+        ticket = self.policy.submit(SandboxRequest(sid, image, arrival=self.clock(),
+                                                   caller_deadline=deadline))
         self.waiting[sid] = (msg, fut)
         pred = ticket.prediction
         self.events.publish("queued", of="sandbox", sandbox=sid, image=image,

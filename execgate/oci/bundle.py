@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 # Orchestrators that group containers into one sandbox say so in annotations.
 SANDBOX_ANNOTATIONS = ("io.kubernetes.cri.sandbox-id", "io.kubernetes.cri-o.SandboxID")
+# The CRI runtimes (containerd's CRI plugin, CRI-O) mark what kubelet asked for.
+KUBELET_PREFIX = "io.kubernetes."
 
 
 @dataclass
@@ -25,6 +27,11 @@ class Bundle:
             if self.annotations.get(key):
                 return self.annotations[key]
         return container_id
+
+    def caller_deadline(self) -> bool:
+        """Whether whoever asked for this container times the runtime out: kubelet does (its
+        runtime request timeout, 2 minutes); Docker, Podman and containerd's own clients do not."""
+        return any(key.startswith(KUBELET_PREFIX) for key in self.annotations)
 
 
 def load(bundle_dir: str) -> Bundle:

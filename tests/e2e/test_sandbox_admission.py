@@ -66,11 +66,13 @@ def _fill(containers: Containers) -> str:
     return filler
 
 
-def _create(containers: Containers, name: str, *cmd: str) -> subprocess.Popen[bytes]:
+def _create(containers: Containers, name: str, *cmd: str,
+            opts: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """`docker run` in the slice, in the background: it returns once the create is let through."""
     containers.ids.append(name)
     return subprocess.Popen(["docker", "run", "-d", "--name", name, "--runtime", RUNTIME,
-                             "--cgroup-parent", SLICE, IMAGE, *(cmd or ("sleep", "inf"))],
+                             "--cgroup-parent", SLICE, *opts, IMAGE,
+                             *(cmd or ("sleep", "inf"))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -169,15 +171,35 @@ def test_a_finished_sandbox_teaches_its_images_call_load(containers: Containers)
 
 
 def test_an_expired_wait_and_a_dead_daemon_let_creates_through(containers: Containers) -> None:
+    """A create kubelet asked for (a CRI runtime's io.kubernetes.* annotations) waits at most
+    max_start_wait_s, below kubelet's 2-minute timeout; Docker's own, which nothing times out,
+    waits on (max_start_wait_s_no_deadline: inf by default), also when it came first."""
     with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait=10.0)):
-        _fill(containers)
-        cid = _finish(_create(containers, "egsa-late"))
+        filler = _fill(containers)
+        patient = _create(containers, "egsa-patient")
+        first = wait_for(_waiting, timeout=120, interval=0.5, what="the Docker create waiting")
+        assert first["caller_deadline"] is False and first["deadline"] is None, first
+        assert _admission()["max_start_wait_s_no_deadline"] is None
+        late = _create(containers, "egsa-late", opts=(
+            "--annotation", "io.kubernetes.cri.container-type=container"))
+        cid = _finish(late)
         start = _start_of(cid)
         assert start["admitted"] is True and start["verdict"] == "fail-open", start
-        assert start["waited_s"] >= 9, start
+        assert start["waited_s"] >= 9, start  # behind the Docker create, at its own bound
         assert _admission()["totals"]["fail-open"] == 1
         out = docker("exec", cid, "echo", "late")
         assert out.stdout == b"late\n", out
+        # The Docker create, first in line, waits on past the kubelet bound, no fail-open ...
+        still = _waiting()
+        assert still and still["sandbox_id"] == first["sandbox_id"] and patient.poll() is None
+        assert still["waited_s"] >= 10 and "(no bound)" in still["reason"], still
+        # ... and starts, admitted, once the filler leaves.
+        docker("rm", "-f", filler)
+        containers.ids.remove(filler)
+        cid = _finish(patient)
+        start = _start_of(cid)
+        assert start["admitted"] is True and start["verdict"] == "admitted", start
+        assert _admission()["totals"]["fail-open"] == 1
         # A dead daemon never holds a create: it starts at once, unadmitted, and says so.
         systemctl("stop", "execgated")
         dead = containers.run("--cgroup-parent", SLICE)

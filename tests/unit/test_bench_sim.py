@@ -231,6 +231,8 @@ def test_incremental_views_match_a_full_rebuild(monkeypatch) -> None:
         cfg = bench_config({}, scheme, domain="/sim")
         # Unlimited swap counted as memory would keep the domain green: no reclaim to check.
         cfg.setdefault("headroom", {})["count_swap"] = False
+        # Creates that fail open into a full domain: the OOM paths.
+        cfg.setdefault("sandbox_admission", {})["max_start_wait_s_no_deadline"] = 100.0
         r = Simulation(scheme, tasks, [0.1 * i for i in range(6)], 160 * MiB, settings,
                        cfg).run()
         _ended(r, 6)

@@ -106,7 +106,9 @@ def test_start_sandbox_fields_are_checked_by_name() -> None:
     assert "'cgroups_path'" in (_start_sandbox_error(
         {"sandbox": "c", "image": "x", "cgroups_path": 3}) or "")
     assert _start_sandbox_error({"sandbox": "c", "image": "x", "cgroups_path": "/a",
-                                 "pod": "p", "hostname": "h"}) is None
+                                 "pod": "p", "hostname": "h", "caller_deadline": False}) is None
+    assert "'caller_deadline'" in (_start_sandbox_error(
+        {"sandbox": "c", "image": "x", "caller_deadline": "yes"}) or "")
 
 
 def test_a_bad_request_is_refused_and_queues_nothing(tmp_path: Path) -> None:
@@ -170,6 +172,40 @@ def test_an_expired_wait_starts_the_create_and_is_counted_fail_open(tmp_path: Pa
         assert bed.engine.snapshot()["sandbox_admission"]["totals"]["fail-open"] == 1
 
     asyncio.run(scenario())
+
+
+def test_a_create_without_a_caller_deadline_waits_past_kubelets_bound(tmp_path: Path) -> None:
+    """Docker's create (caller_deadline false) is told its wait has no bound, and is still
+    waiting where a kubelet create, or one from a runtime that does not say, went ahead."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path, max_start_wait_s=5.0)
+        bed.sandbox("filler", 200 * MiB)
+        bed.engine.tick()
+        docker, dconn = await bed.start("docker", caller_deadline=False)
+        kubelet, kconn = await bed.start("kubelet", caller_deadline=True)
+        older, oconn = await bed.start("older")
+        assert dconn.frames[0]["max_wait_s"] == float("inf")
+        assert kconn.frames[0]["max_wait_s"] == oconn.frames[0]["max_wait_s"] == 5.0
+        bed.clock.t += 5
+        bed.engine.tick()
+        await asyncio.wait_for(asyncio.gather(kubelet, older), 1)
+        assert kconn.frames[1]["verdict"] == oconn.frames[1]["verdict"] == "fail-open"
+        assert not docker.done() and [w["sandbox_id"] for w in bed.waiting()] == ["docker"]
+        dconn.hung_up.set()
+        await asyncio.wait_for(docker, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_bundle_kubelet_asked_for_says_its_caller_has_a_deadline() -> None:
+    """The CRI runtimes annotate what kubelet asks for; Docker's and Podman's bundles do not."""
+    assert Bundle(path="/b", annotations={"io.kubernetes.cri.container-type": "container"}
+                  ).caller_deadline()
+    assert Bundle(path="/b", annotations={"io.kubernetes.cri-o.ContainerType": "container"}
+                  ).caller_deadline()
+    assert not Bundle(path="/b", annotations={"org.opencontainers.image.ref.name": "x"}
+                      ).caller_deadline()
+    assert not Bundle(path="/b").caller_deadline()
 
 
 def test_a_create_that_hangs_up_is_forgotten(tmp_path: Path) -> None:

@@ -317,6 +317,7 @@ def test_finished_sandboxes_teach_the_next_create_of_their_image() -> None:
 
 def test_config_rejects_nonsense() -> None:
     for bad in ({"baseline_quantile": 0}, {"history_window": 0}, {"max_start_wait_s": -1},
+                {"max_start_wait_s_no_deadline": -1},
                 {"default_baseline_bytes": -1}):
         with pytest.raises(ValueError):
             SandboxAdmissionConfig(**bad)
@@ -574,6 +575,54 @@ def test_an_unbounded_wait_never_fails_open_and_status_says_so() -> None:
     view = adm.snapshot()
     assert view["max_start_wait_s"] is None and view["waiting"][0]["deadline"] is None
     json.dumps(view, allow_nan=False)  # status is JSON: no infinity in it
+
+
+def test_a_create_without_a_caller_deadline_waits_until_it_fits_by_default() -> None:
+    """Docker and Podman put no deadline on a create: by default it waits past
+    max_start_wait_s (kubelet's bound) until it fits, and then is admitted, not failed open."""
+    assert SandboxAdmissionConfig().max_start_wait_s_no_deadline == math.inf
+    adm, clock = make(dataclasses.replace(CFG, max_start_wait_s_no_deadline=math.inf))
+    ticket = adm.submit(SandboxRequest("docker", "py", caller_deadline=False))
+    assert ticket.deadline == math.inf
+    clock.t += 1000
+    [d] = adm.step(snap(active("a", 2 * GiB)), waiting=True)
+    assert d.verdict is Verdict.WAITING and "(no bound)" in d.reason
+    [d] = adm.step(snap(active("a", 1 * GiB)))
+    assert d.verdict is Verdict.ADMITTED
+    assert adm.snapshot()["totals"] == {"admitted": 1, "fail-open": 0}
+
+
+def test_a_kubelet_create_behind_a_docker_one_fails_open_at_its_own_bound() -> None:
+    """First in, first out, but each create's wait is its caller's: the kubelet create goes
+    ahead at max_start_wait_s while the older Docker create keeps waiting, also when the daemon
+    asks only for the creates that start (waiting=False)."""
+    for waiting in (True, False):
+        adm, clock = make(dataclasses.replace(CFG, max_start_wait_s_no_deadline=math.inf))
+        adm.submit(SandboxRequest("docker", "py", caller_deadline=False))
+        clock.t += 1
+        adm.submit(SandboxRequest("kubelet", "py", caller_deadline=True))
+        full = snap(active("a", 2 * GiB))
+        clock.t += 99.9
+        assert [d.sandbox_id for d in adm.step(full, waiting) if d.start] == []
+        clock.t += 0.1
+        started = [d for d in adm.step(full, waiting) if d.start]
+        assert [(d.sandbox_id, d.verdict) for d in started] == [("kubelet", Verdict.FAIL_OPEN)]
+        assert "max_start_wait_s 100 s" in started[0].reason
+        view = adm.snapshot()
+        [w] = view["waiting"]
+        assert w["sandbox_id"] == "docker" and w["deadline"] is None
+        assert w["caller_deadline"] is False and "(no bound)" in w["reason"], w
+        assert view["max_start_wait_s"] == 100.0 and view["max_start_wait_s_no_deadline"] is None
+        json.dumps(view, allow_nan=False)
+
+
+def test_a_bounded_no_deadline_wait_fails_open_under_its_own_name() -> None:
+    adm, clock = make(dataclasses.replace(CFG, max_start_wait_s_no_deadline=600.0))
+    adm.submit(SandboxRequest("docker", "py", caller_deadline=False))
+    clock.t += 600
+    [d] = adm.step(snap(active("a", 2 * GiB)), waiting=False)
+    assert d.verdict is Verdict.FAIL_OPEN
+    assert d.reason.startswith("fail open: waited 600.0 s >= max_start_wait_s_no_deadline 600 s")
 
 
 def test_a_sandbox_whose_first_call_comes_before_its_record_is_still_counted() -> None:
