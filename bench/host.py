@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import swap as swap_mod
-from bench.schemes import Scheme, slice_path, toml_dumps
+from bench.schemes import Scheme, slice_path
 from bench.sysfs import read as _read
+from execgate.ctl import configure_toml
 
 LABEL = "bench"
 CONFIG = "/etc/execgate/config.toml"
@@ -152,7 +153,7 @@ class Host:
             raise BenchError(f"{self.config_path} is not valid TOML ({e}); fix it first") from e
 
     def write_config(self, data: dict[str, Any]) -> None:
-        text = toml_dumps(data)
+        text = configure_toml.dump(data)  # inf too: the shipped max_start_wait_s_no_deadline
         tomllib.loads(text)  # never leave a config the runtime cannot read
         tmp = self.config_path + ".bench-tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -367,33 +366,6 @@ def bench_config(original: Mapping[str, Any], scheme: Scheme, *, domain: str,
                 section = cfg[name] = {}
             section.update(values)
     return cfg
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ValueError(f"cannot write {v!r} to TOML")
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # JSON's escapes are a subset of TOML basic strings'
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise ValueError(f"cannot write {type(v).__name__} to TOML")
-
-
-def toml_dumps(data: Mapping[str, Any], _prefix: str = "") -> str:
-    """Plain TOML for config-shaped data: scalars and lists, then one [table] per dict."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for k, v in data.items():
-        if isinstance(v, dict):
-            name = f"{_prefix}{k}"
-            body = toml_dumps(v, name + ".")
-            lines.append(f"\n[{name}]\n{body}".rstrip("\n"))
-    return "\n".join(lines) + "\n"
 
 
 def slice_path(slice_name: str, root: str = "/sys/fs/cgroup") -> str:

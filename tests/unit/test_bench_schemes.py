@@ -3,6 +3,7 @@ config each scheme writes, and the runner's bookkeeping against a simulated Dock
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import subprocess
@@ -22,6 +23,7 @@ from bench.generate import generate
 from bench.trace import LlmWait, MemoryProfile, Task, ToolCall, profiled_peak
 from execgate.common.hints import parse
 from execgate.common.units import MiB
+from execgate.ctl import configure_toml
 
 
 def _call(peak_mib: float, dur: float = 1.0, retained_mib: float = 0,
@@ -251,11 +253,17 @@ def test_no_scheme_beats_the_last_arrival_plus_its_task() -> None:
 # -- config ------------------------------------------------------------------------------------
 
 
-def test_toml_round_trip() -> None:
-    data = {"runtime": ["runc", "crun"], "x": 1.5, "on": True, "s": 'a"b\\c',
-            "daemon": {"domain": "/sys/fs/cgroup/e.slice", "n": 3},
-            "t": {"sub": {"k": "v"}, "top": 1}}
-    assert tomllib.loads(S.toml_dumps(data)) == data
+def test_the_shipped_config_round_trips_through_a_schemes_config() -> None:
+    """The bench rewrites the installed config per scheme; the shipped one holds an infinity
+    (max_start_wait_s_no_deadline = inf), which its own TOML writer refused (a VM run's
+    "replay: cannot write inf to TOML")."""
+    shipped = Path(__file__).resolve().parents[2] / "packaging" / "config.toml"
+    original = tomllib.loads(shipped.read_text())
+    assert original["sandbox_admission"]["max_start_wait_s_no_deadline"] == math.inf
+    for name in ("execgate", "eager"):
+        full = S.bench_config(original, S.SCHEMES[name], domain="/sys/fs/cgroup/e.slice",
+                              mem_scale=6, admission_wait_s=300)
+        assert tomllib.loads(configure_toml.dump(full)) == full
 
 
 def test_bench_config_per_scheme() -> None:
@@ -281,7 +289,7 @@ def test_bench_config_per_scheme() -> None:
     unscaled = S.bench_config(original, S.SCHEMES["execgate"], domain=dom, mem_scale=8,
                               scale_daemon=False, defaults=defaults)
     assert "admission" not in unscaled
-    tomllib.loads(S.toml_dumps(full))
+    tomllib.loads(configure_toml.dump(full))
 
 
 def test_real_daemon_defaults_are_scaled() -> None:
