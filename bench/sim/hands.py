@@ -46,6 +46,7 @@ from bench.sim.views import BoxViews
 from execgate.common.config import Config
 from execgate.common.hints import parse_size
 from execgate.daemon import settings as daemon_settings
+from execgate.policy import pressure as pressure_mod
 from execgate.policy.admission import Admission, Decision
 from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
 from execgate.policy.growth import GrowthController, Sample
@@ -99,6 +100,7 @@ _VICTIM_SWAP = "swap_free" in inspect.signature(GrowthController.last_resort_vic
 # The bench's creates are Docker's, with no deadline (a revision that cannot say bounds all).
 DOCKER = ({"caller_deadline": False} if _sa is not None and "caller_deadline" in {
     f.name for f in dataclasses.fields(_sa.SandboxRequest)} else {})
+_HELD = hasattr(pressure_mod, "held_bytes")  # growth to come from what a call holds now
 _FINISHED_LOAD = _sa is not None and "call_load_bytes" in inspect.signature(
     _sa.SandboxAdmission.finished).parameters
 
@@ -395,10 +397,10 @@ class ExecgateHands:
     # -- the control period --------------------------------------------------------------------
 
     def _growths(self) -> tuple[int, int]:
-        """engine._assess: growth still predicted (all, undeclared) from the most a call has
-        held at a sample (its current memory drops as its pages go to swap); once per step,
-        for both of its readings."""
-        usage = {cid: int(c.shown_peak if _CREDIT else c.charge)
+        """engine._assess: growth still predicted (all, undeclared) from what a call holds now,
+        resident and in swap (`held_bytes`; before it, the most it held at a sample); once per
+        step, for both of its readings."""
+        usage = {cid: int(c.level if _HELD else c.shown_peak if _CREDIT else c.charge)
                  for cid, c in self.running.items()}
         both = getattr(self.admission, "predicted_growths", None)  # older revisions: 2 passes
         if both is not None:

@@ -29,7 +29,12 @@ from execgate.common.config import Config
 from execgate.policy.admission import Admission, Decision
 from execgate.policy.estimate import CallInfo, HistoryEstimator, Outcome
 from execgate.policy.headroom import time_to_peak
-from execgate.policy.pressure import PressureReading, assess_pressure, effective_margin
+from execgate.policy.pressure import (
+    PressureReading,
+    assess_pressure,
+    effective_margin,
+    held_bytes,
+)
 from execgate.policy.swap_credit import SwapCredit, swap_room
 
 from .cgfiles import KeptFiles
@@ -79,7 +84,8 @@ class LiveCall:
     mem_sum: int = 0
     mem_n: int = 0
     last_mem: int = 0
-    peak_mem: int = 0  # the most it held at a sample: what of its peak it has taken already
+    last_swap: int = 0  # its memory.swap.current at the last sample
+    peak_mem: int = 0  # the most it held at a sample
     extra: dict[str, Any] = field(default_factory=dict)
     # (time, bytes) where its memory grew by RISE_STEP or more: when it neared its peak
     rise: list[tuple[float, int]] = field(default_factory=list)
@@ -370,7 +376,7 @@ class Engine:
         available, and the growth still expected of admitted calls (re-assessed at every step:
         a call admitted a moment ago has not grown yet; one whose pages went to swap has not
         shrunk its demand)."""
-        usage = {cid: c.peak_mem for cid, c in self.calls.items()}
+        usage = {cid: held_bytes(c.last_mem, c.last_swap) for cid, c in self.calls.items()}
         s = self.sample
         assert s is not None
         growth, undeclared = self.admission.predicted_growths(usage)
@@ -435,6 +441,7 @@ class Engine:
             call.mem_sum += mem
             call.mem_n += 1
             call.last_mem = mem
+            call.last_swap = self.files.read_int(call.cgroup, "memory.swap.current", True) or 0
             call.peak_mem = max(call.peak_mem, mem)
             if mem > (call.rise[-1][1] if call.rise else 0) * RISE_STEP and len(call.rise) < 256:
                 call.rise.append((now, mem))

@@ -238,7 +238,18 @@ def effective_margin(config: PressureConfig, budget: int | None) -> int:
     return min(config.safety_margin_bytes, int(max(budget, 0) * config.safety_margin_fraction))
 
 
+def held_bytes(resident: int, swapped: int) -> int:
+    """What a running call holds of its predicted peak now: its resident bytes plus those it has
+    in swap, the `current` of predicted_remaining_growth. Not the most it held at a sample: a
+    call whose memory cycles (allocate, free, allocate again) looked done growing at its trough,
+    and a second call was admitted into the room the first was about to take again (VM, 8.6x
+    without swap: 1 and 4 calls OOM-killed, two peaking together). Its pages in swap stay
+    counted: going to swap is not room to grow back into."""
+    return max(resident, 0) + max(swapped, 0)
+
+
 def predicted_remaining_growth(calls: Iterable[tuple[int, int]]) -> int:
     """Sum of max(predicted_peak − current, 0) over (predicted_peak, current) pairs of admitted
-    calls: the growth still to come that makes Q(t) turn yellow early (TenonAgent §3.2)."""
+    calls (current: `held_bytes`): the growth still to come that makes Q(t) turn yellow early
+    (TenonAgent §3.2)."""
     return sum(max(peak - current, 0) for peak, current in calls)

@@ -393,3 +393,32 @@ def test_a_call_done_before_its_journal_line_finishes_with_its_outcome(tmp_path:
         assert box.call_peak == 90 * MiB and box.call_area == 90 * MiB * 2.0, box
 
     asyncio.run(scenario())
+
+
+def test_a_call_whose_memory_cycles_still_counts_its_growth_to_come(tmp_path: Path) -> None:
+    """Growth still predicted is the peak less what the call holds now (resident + in swap),
+    not less the most it held: at the trough of a call that frees and allocates again, a
+    second call was admitted into the room the first took back (VM, 8.6x without swap: 1 and
+    4 calls OOM-killed, two peaking together). What went to swap stays counted as held."""
+    async def scenario() -> None:
+        eng, _, _ = _engine(tmp_path, budget=512 * MiB, used=64 * MiB)
+        tool = tmp_path / "domain" / "c" / "tool-1"
+        tool.mkdir(parents=True)
+        mem = tool / "memory.current"
+        mem.write_text(f"{200 * MiB}\n")
+        swapped = tool / "memory.swap.current"
+        swapped.write_text("0\n")
+        eng.tick()
+        msg = {**_admit_msg(1, 200 * MiB), "cgroup": str(tool)}
+        _, fut = eng.submit(msg)
+        assert fut.done()
+        eng.tick()
+        assert eng.reading is not None and eng.reading.predicted_growth == 0
+        mem.write_text(f"{20 * MiB}\n")  # the trough of its cycle: it will take 180 MiB again
+        eng.tick()
+        assert eng.reading.predicted_growth == 180 * MiB
+        swapped.write_text(f"{180 * MiB}\n")  # in swap: held
+        eng.tick()
+        assert eng.reading.predicted_growth == 0
+
+    asyncio.run(scenario())
