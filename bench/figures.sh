@@ -35,6 +35,7 @@ sim() {
     b="--workload burst --speed 10 --admission-wait 60"
     # shellcheck disable=SC2086  # the option strings above are word lists
     {
+        "$python" -m bench.sim validate docs/replay/sweep-c953629/results.json.gz --policy-rev c953629 --out "$s"
         "$python" -m bench.sim validate docs/replay/sweep/results.json.gz --policy-rev fff81fa --out "$s"
         # Every fleet boot in its own fit and at its own policy (the directory's revision), with
         # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
