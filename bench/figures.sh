@@ -39,7 +39,7 @@ sim() {
         "$python" -m bench.sim validate docs/replay/sweep/results.json.gz --policy-rev fff81fa --out "$s"
         # Every fleet boot in its own fit and at its own policy (the directory's revision), with
         # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
-        for f in docs/replay/fleet/*-*/repeat-*.json.gz; do
+        for f in docs/replay/fleet/*-*/repeat-*.json.gz docs/replay/sweep-*/repeat-*.json.gz; do
             d=$(basename "$(dirname "$f")")
             git cat-file -e "${d##*-}^{commit}" 2>/dev/null || continue
             "$python" -m bench.sim validate "$f" --policy-rev "${d##*-}" \
