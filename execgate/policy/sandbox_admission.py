@@ -157,14 +157,14 @@ class SandboxAdmissionConfig:
             raise ValueError("max_start_wait_s, max_start_wait_s_no_deadline, settle_s and "
                              "default_start_s must be >= 0")
 
+    @staticmethod
+    def bound_name(caller_deadline: bool) -> str:
+        """The setting that bounds a create's wait: its caller's patience (module docstring)."""
+        return "max_start_wait_s" if caller_deadline else "max_start_wait_s_no_deadline"
+
     def max_wait_s(self, caller_deadline: bool) -> float:
-        """How long a create may wait: its caller's patience (see the module's docstring)."""
-        return self.max_start_wait_s if caller_deadline else self.max_start_wait_s_no_deadline
-
-
-def _bound_name(entry: _Queued) -> str:
-    """The setting that bounds this create's wait, for its reason."""
-    return "max_start_wait_s" if entry.request.caller_deadline else "max_start_wait_s_no_deadline"
+        """How long a create may wait."""
+        return getattr(self, self.bound_name(caller_deadline))
 
 
 def high_quantile(values: Sequence[int], q: float) -> int:
@@ -431,7 +431,7 @@ class SandboxAdmission:
         self.clock = clock
         self.model = BaselineModel(config) if baselines is None else baselines
         self._queue: dict[str, _Queued] = {}
-        self._kubelet = 0  # queued creates whose caller has a deadline (caller_deadline)
+        self._with_deadline = 0  # queued creates whose caller has a deadline (caller_deadline)
         self._starting: dict[str, _Starting] = {}
         self._seq = 0
         # Whether the queue's own order (submission) is oldest first: true while creates come
@@ -459,7 +459,7 @@ class SandboxAdmission:
         arrival = self.clock() if request.arrival is None else request.arrival
         prediction = self._predict(request.image, request.call_peak_bytes)
         self._queue[sid] = _Queued(request, prediction, arrival, self._seq)
-        self._kubelet += request.caller_deadline
+        self._with_deadline += request.caller_deadline
         self._seq += 1
         self._fifo = self._fifo and arrival >= self._last_arrival
         self._last_arrival = max(self._last_arrival, arrival)
@@ -708,7 +708,8 @@ class SandboxAdmission:
             need = (pinned + growth + max(calls_term - on_swap, 0)
                     + _unabsorbed(arriving, pred.baseline_bytes, absorbed))
             waited = max(now - entry.arrival, 0.0)
-            bound = cfg.max_wait_s(entry.request.caller_deadline)
+            caller = entry.request.caller_deadline
+            bound = cfg.max_wait_s(caller)
             terms = terms_of(pinned, growth, arriving, pred.baseline_bytes, pred.source, peak,
                              peak_of, calls, on_swap, need)
             if not cfg.enabled:
@@ -719,7 +720,7 @@ class SandboxAdmission:
                 verdict, reason = Verdict.ADMITTED, f"admitted: {terms} <= {within}"
             elif waited >= bound:
                 verdict = Verdict.FAIL_OPEN
-                reason = (f"fail open: waited {waited:.1f} s >= {_bound_name(entry)} "
+                reason = (f"fail open: waited {waited:.1f} s >= {cfg.bound_name(caller)} "
                           f"{bound:g} s; {terms} vs {within}")
             else:
                 verdict = Verdict.WAITING
@@ -766,8 +767,9 @@ class SandboxAdmission:
             # The rest wait behind it, but for those whose bound is over (a kubelet create
             # behind a Docker one); the others' reasons are formatted when snapshot() asks.
             rest = queue[i + 1:]
-            due = ([e for e in rest if now - e.arrival >= cfg.max_wait_s(e.request.caller_deadline)]
-                   if self._kubelet or math.isfinite(cfg.max_start_wait_s_no_deadline) else [])
+            bounded = self._with_deadline or math.isfinite(cfg.max_start_wait_s_no_deadline)
+            due = [e for e in rest if now - e.arrival >= cfg.max_wait_s(e.request.caller_deadline)
+                   ] if bounded else []
             for late in due:
                 start(late, decide(late))
             self._later = functools.partial(lambda rest: [decide(e) for e in rest],
@@ -816,7 +818,7 @@ class SandboxAdmission:
     def _dequeue(self, sandbox_id: str) -> _Queued | None:
         entry = self._queue.pop(sandbox_id, None)
         if entry is not None:
-            self._kubelet -= entry.request.caller_deadline
+            self._with_deadline -= entry.request.caller_deadline
         return entry
 
     def _oldest_first(self) -> list[_Queued]:
