@@ -319,8 +319,9 @@ class ExecgateHands:
         return go
 
     def box_gone(self, box: SimBox) -> None:
-        """The sandbox was removed: the policy learns its baseline (what it held outside calls
-        at its largest: the init and retained bytes)."""
+        """The sandbox was removed: the policy learns its baseline as the daemon measures it
+        (daemon/sandboxes.py: its init leaf's bytes; what calls left in /dev/shm is charged
+        outside that leaf)."""
         self.active.discard(box.id)
         self.ended.discard(box.id)
         self.frozen.discard(box.id)
@@ -332,7 +333,7 @@ class ExecgateHands:
         life = None if started is None else self.clock() - started
         load = {"call_load_bytes": int(area / life) if life and life > 0 else None} \
             if _FINISHED_LOAD else {}
-        self.sandboxes.finished(box.id, "bench", box.baseline + box.retained,
+        self.sandboxes.finished(box.id, "bench", box.baseline,
                                 self.box_peaks.pop(box.id, None), **load)
         self.next_peak.pop(box.id, None)
 

@@ -212,6 +212,7 @@ class Simulation:
             # The runtime's create asks before runc's, knowing no call's peak: the bench's hints
             # come with each exec, none with docker run (the daemon predicts from history).
             yield ("create", (box_id, None))
+        rec["sandbox_start_s"] = self.now  # as the bench's: when the create went to runc
         self._set_live(+1)  # a held create costs the control plane nothing (bench/sim/cost.py)
         yield ("op", ("run", 1.0))
         box = SimBox(box_id, task.baseline_bytes, last_active=self.now)

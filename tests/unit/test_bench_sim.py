@@ -299,3 +299,28 @@ def test_the_burst_at_15x_with_1_gib_of_zram_ends_without_an_oom_kill(tmp_path) 
     m = run["metrics"]
     assert m["oversubscription"] > 14.9 and m["tasks_completed"] == 64
     assert m["oom_kills"] == 0
+
+
+def test_a_finished_sandbox_teaches_its_init_not_what_its_calls_left() -> None:
+    """The daemon learns a sandbox's baseline from its init leaf (daemon/sandboxes.py: memory
+    before its first call, the init's memory.peak); what its calls left in /dev/shm is charged
+    outside that leaf. The simulator learned baseline + retained: at the sweep's 8.6x point it
+    then admitted one sandbox at a time where the VM's daemon ran two to four."""
+    from bench.sim import schemes as sim_schemes
+
+    def task(i: int) -> Task:
+        peak = 40 * MiB
+        steps: list[LlmWait | ToolCall] = [
+            LlmWait(0.5),
+            ToolCall("pip install x", 2.0,
+                     MemoryProfile(peak // 4, peak, "ramp", 0.5, 0.5, 25 * MiB))]
+        return Task(f"t{i}", steps, 30 * MiB)
+
+    scheme = sim_schemes.parse("execgate-sandboxadmit")[0]
+    sim = Simulation(scheme, [task(i) for i in range(3)], [0.0, 0.1, 0.2], 400 * MiB,
+                     SETTINGS, bench_config({}, scheme, domain="/sim"))
+    r = sim.run()
+    _ended(r, 3)
+    assert sim.hands is not None and sim.hands.sandboxes is not None
+    learned = sim.hands.sandboxes.model.predict("bench").baseline_bytes
+    assert learned == 30 * MiB
