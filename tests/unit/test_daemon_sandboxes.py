@@ -282,6 +282,34 @@ def test_the_snapshot_counts_calls_by_charge_and_sandboxes_without_them(tmp_path
     asyncio.run(scenario())
 
 
+def test_a_sandbox_teaches_what_its_calls_left_behind_not_its_page_cache(tmp_path: Path) -> None:
+    """A sandbox's baseline is what it held outside calls at its largest, leftovers in tmpfs or
+    shm included (the policy's reserve_growth sets that aside for live sandboxes); it was
+    measured only before the first call, so the leftovers went unlearned. Page cache the kernel
+    drops before an OOM kill is not counted; nor is a sample taken while a call of it is live."""
+    bed = Bed(tmp_path)
+    cg = bed.sandbox("a", 40 * MiB)
+    bed.engine.tick()
+    bed.engine.sandboxes.call_arrived("a")
+    info = CallInfo(call_id="tool-1", sandbox="a", argv=["pytest"])
+    call = LiveCall(info, "a", str(cg / "tool-1"), bed.clock(), extra={"charge": 90 * MiB})
+    call.last_mem = 20 * MiB  # sampled before it grew: the sandbox's 150 MiB is mostly the call
+    bed.engine.calls["tool-1"] = call
+    _write(cg, "memory.current", 150 * MiB)
+    bed.clock.t += 3
+    bed.engine.tick()
+    del bed.engine.calls["tool-1"]  # it ended, leaving 25 MiB in /dev/shm and 20 of cache
+    _write(cg, "memory.current", 85 * MiB)
+    (cg / "memory.stat").write_text(f"anon {40 * MiB}\nfile {45 * MiB}\nshmem {25 * MiB}\n")
+    bed.clock.t += 3
+    bed.engine.tick()
+    bed.remove("a")
+    bed.clock.t += 3
+    bed.engine.tick()
+    pred = bed.engine.sandboxes.policy.model.predict("cmd:memload")
+    assert pred.baseline_bytes == 65 * MiB, pred.baseline_bytes / MiB
+
+
 def test_a_started_sandboxs_calls_teach_its_images_call_load_while_it_lives(
         tmp_path: Path) -> None:
     """The engine's ended calls reach sandbox admission: before a sandbox of the image has
