@@ -103,6 +103,8 @@ DOCKER = ({"caller_deadline": False} if _sa is not None and "caller_deadline" in
 _HELD = hasattr(pressure_mod, "held_bytes")  # growth to come from what a call holds now
 _FINISHED_LOAD = _sa is not None and "call_load_bytes" in inspect.signature(
     _sa.SandboxAdmission.finished).parameters
+_FINISHED_START = _sa is not None and "start_bytes" in inspect.signature(
+    _sa.SandboxAdmission.finished).parameters
 
 
 def _learns_leftovers() -> bool:
@@ -346,6 +348,8 @@ class ExecgateHands:
         life = None if started is None else self.clock() - started
         load = {"call_load_bytes": int(area / life) if life and life > 0 else None} \
             if _FINISHED_LOAD else {}
+        if _FINISHED_START:  # what it held before its first call: its init
+            load["start_bytes"] = box.baseline
         self.sandboxes.finished(box.id, "bench", box.baseline + box.retained * _LEFTOVERS,
                                 self.box_peaks.pop(box.id, None), **load)
         self.next_peak.pop(box.id, None)

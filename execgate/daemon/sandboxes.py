@@ -20,8 +20,9 @@ baseline is what it held outside tool calls at its largest — its init leaf's m
 whenever none of its calls is live its memory.current less page cache (what the kernel drops
 before an OOM kill; tmpfs and shm stay): what its calls left behind counts, as the policy's
 reserve_growth expects — learned for its image when its record goes (the runtime's `delete`
-removes it). Measured only before the first call, the leftovers went unlearned: simulated, 1,000
-sandboxes without swap took 42,635 s with 43 OOM kills instead of 5,309 s with none.
+removes it), with its start (the same before its first call: what a new one arrives with).
+Measured only before the first call, the leftovers went unlearned: simulated, 1,000 sandboxes
+without swap took 42,635 s with 43 OOM kills instead of 5,309 s with none.
 A create admitted on bytes idle sandboxes can give back asks residency for them
 (`make_room`: reclaimed from the next period on, the longest idle first). A create whose cgroup
 lies outside a cgroup domain is admitted at once: its memory is not the domain's to share.
@@ -97,6 +98,8 @@ class Box:
     image: str
     created: float  # on the daemon's clock
     baseline: int = 0  # bytes outside calls at the most: init peak, resident between calls
+    start: int = 0  # ... before its first call: what it arrived with
+    called: bool = False  # a tool call has come: what it holds now includes calls' leftovers
     call_peak: int | None = None  # the largest tool-call peak seen in it
     call_area: float = 0.0  # its calls' peak x duration, summed: its call load over its life
     measured_at: float = -math.inf  # its memory.current and memory.stat, last read
@@ -186,6 +189,9 @@ class Sandboxes:
         if not cid:
             return
         self.policy.settled(cid)
+        box = self.boxes.get(cid)
+        if box is not None:
+            box.called = True
 
     def call_ended(self, cid: str, peak: object, ran_s: float = 0.0) -> None:
         """A call of sandbox `cid` ended: its peak, and how long it ran since admitted."""
@@ -300,11 +306,13 @@ class Sandboxes:
             box = self.boxes.pop(cid)
             life = now - box.created
             load = int(box.call_area / life) if box.call_peak is not None and life > 0 else None
-            self.policy.finished(cid, box.image, box.baseline or None, box.call_peak, load)
+            self.policy.finished(cid, box.image, box.baseline or None, box.call_peak, load,
+                                 box.start or None)
             if box.baseline:
                 self._save_learned()
             self.events.publish("finished", of="sandbox", sandbox=cid, image=box.image,
-                                baseline=box.baseline, call_peak=box.call_peak, call_load=load)
+                                baseline=box.baseline, start=box.start, call_peak=box.call_peak,
+                                call_load=load)
 
     @staticmethod
     def _measure(box: Box, in_call: bool, now: float) -> None:
@@ -313,12 +321,16 @@ class Sandboxes:
         count as the sandbox's. memory.stat once per RESCAN_S per sandbox (rescans run every
         period while a create waits)."""
         peak = v2.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
+        if not box.called:
+            box.start = max(box.start, peak)
         if not in_call and now - box.measured_at >= RESCAN_S:
             box.measured_at = now
             mem = v2.read_int(box.cgroup, "memory.current")
             if mem is not None:
                 stat = v2.read_keyed(box.cgroup, "memory.stat")
                 peak = max(peak, mem - max(stat.get("file", 0) - stat.get("shmem", 0), 0))
+                if not box.called:
+                    box.start = max(box.start, peak)
         box.baseline = max(box.baseline, peak)
 
     # -- views ---------------------------------------------------------------------------------

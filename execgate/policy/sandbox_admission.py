@@ -184,9 +184,10 @@ class BaselinePrediction:
 
 @dataclass
 class _ImageHistory:
-    baselines: deque[int]
+    baselines: deque[int]  # what each held outside calls at its largest (leftovers included)
     call_peaks: deque[int]
     call_loads: deque[int]  # time-averaged tool-call bytes over a sandbox's life
+    starts: deque[int]  # what each held before its first call: what a new one arrives with
     load: int | None = None  # their mean, once asked (None: to compute)
     mean: int | None = None  # the baselines' mean, likewise
 
@@ -199,13 +200,16 @@ class BaselineModel:
         self._images: OrderedDict[str, _ImageHistory] = OrderedDict()
 
     def observe(self, image: str, baseline_bytes: int, call_peak_bytes: int | None = None,
-                call_load_bytes: int | None = None) -> None:
+                call_load_bytes: int | None = None, start_bytes: int | None = None) -> None:
         """A sandbox of `image` finished: its baseline (memory outside tool calls at its largest,
-        e.g. its init leaf's memory.peak), if it ran calls the largest call peak, and its call
-        load (its calls' peak x duration summed, over its life)."""
+        what its calls left behind included), if it ran calls the largest call peak, its call
+        load (its calls' peak x duration summed, over its life), and if measured what it held
+        before its first call (its start)."""
         hist = self._history(image)
         hist.baselines.append(max(baseline_bytes, 0))
         hist.mean = None
+        if start_bytes is not None:
+            hist.starts.append(min(max(start_bytes, 0), max(baseline_bytes, 0)))
         if call_peak_bytes is not None:
             hist.call_peaks.append(max(call_peak_bytes, 0))
         if call_load_bytes is not None:
@@ -245,7 +249,7 @@ class BaselineModel:
         if hist is None:
             n = cfg.history_window
             hist = self._images[image] = _ImageHistory(deque(maxlen=n), deque(maxlen=n),
-                                                       deque(maxlen=n))
+                                                       deque(maxlen=n), deque(maxlen=n))
         self._images.move_to_end(image)
         while len(self._images) > cfg.max_images:
             self._images.popitem(last=False)
@@ -254,7 +258,7 @@ class BaselineModel:
     def export(self) -> dict[str, dict[str, list[int]]]:
         """The whole history, least recently used image first, for the daemon to keep."""
         return {image: {"baselines": list(h.baselines), "call_peaks": list(h.call_peaks),
-                        "call_loads": list(h.call_loads)}
+                        "call_loads": list(h.call_loads), "starts": list(h.starts)}
                 for image, h in self._images.items()}
 
     def restore(self, data: object) -> None:
@@ -263,19 +267,23 @@ class BaselineModel:
         for image, saved in (data.items() if isinstance(data, dict) else ()):
             if not isinstance(saved, dict):
                 continue
-            lists = [saved.get(k) for k in ("baselines", "call_peaks", "call_loads")]
-            base, peaks, loads = ([v for v in x if type(v) is int] if isinstance(x, list) else []
-                                  for x in lists)
+            lists = [saved.get(k) for k in ("baselines", "call_peaks", "call_loads", "starts")]
+            base, peaks, loads, starts = ([v for v in x if type(v) is int]
+                                          if isinstance(x, list) else [] for x in lists)
             if base:
                 hist = self._history(str(image))
                 hist.baselines.extend(max(v, 0) for v in base)
                 hist.call_peaks.extend(max(v, 0) for v in peaks)
                 hist.call_loads.extend(max(v, 0) for v in loads)
+                hist.starts.extend(max(v, 0) for v in starts)
                 hist.load = hist.mean = None
 
     def predict(self, image: str, call_peak_bytes: int | None = None) -> BaselinePrediction:
-        """History of the image, else the configured defaults. call_peak_bytes: the request's
-        own prediction of its first call's peak, which wins over history."""
+        """History of the image, else the configured defaults: what a new sandbox arrives with
+        (its image's starts, or without them its baselines). What it grows to after is the
+        growth term's (`mean_baseline`), counted from the step after it starts like every live
+        sandbox's. call_peak_bytes: the request's own prediction of its first call's peak,
+        which wins over history."""
         cfg = self.config
         hist = self._images.get(image)
         if hist is None or not hist.baselines:
@@ -285,7 +293,8 @@ class BaselineModel:
         if call_peak_bytes is None:
             call_peak_bytes = (high_quantile(hist.call_peaks, q) if hist.call_peaks
                                else cfg.default_call_peak_bytes)
-        return BaselinePrediction(high_quantile(hist.baselines, q), call_peak_bytes,
+        return BaselinePrediction(high_quantile(hist.starts or hist.baselines, q),
+                                  call_peak_bytes,
                                   f"image-history ({len(hist.baselines)} finished)")
 
     def snapshot(self) -> dict[str, Any]:
@@ -606,13 +615,15 @@ class SandboxAdmission:
             self._unstart(sandbox_id)
 
     def finished(self, sandbox_id: str, image: str, baseline_bytes: int | None,
-                 call_peak_bytes: int | None = None, call_load_bytes: int | None = None
-                 ) -> None:
-        """The sandbox was removed; learn its image's baseline (None: not measured) and call
-        load (its calls' peak x duration summed, over its life; None: not measured)."""
+                 call_peak_bytes: int | None = None, call_load_bytes: int | None = None,
+                 start_bytes: int | None = None) -> None:
+        """The sandbox was removed; learn its image's baseline (None: not measured), call
+        load (its calls' peak x duration summed, over its life; None: not measured) and start
+        (what it held before its first call; None: not measured)."""
         self._dequeue(sandbox_id)
         if baseline_bytes is not None:  # first: the image's live figures go with its history
-            self.model.observe(image, baseline_bytes, call_peak_bytes, call_load_bytes)
+            self.model.observe(image, baseline_bytes, call_peak_bytes, call_load_bytes,
+                               start_bytes)
         self._unstart(sandbox_id)
         self._gone(sandbox_id)
 

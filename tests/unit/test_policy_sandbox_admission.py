@@ -350,21 +350,27 @@ def test_one_call_term_is_the_largest_next_peak_of_live_started_and_own() -> Non
 def test_the_history_exports_and_restores_whole_within_its_bounds() -> None:
     cfg = SandboxAdmissionConfig(history_window=2, max_images=2)
     model = BaselineModel(cfg)
-    for image, base, peak in (("a", 10, None), ("a", 20, 5), ("a", 30, 7), ("b", 40, 9)):
+    for image, base, peak, start in (("a", 10, None, None), ("a", 20, 5, 15), ("a", 30, 7, None),
+                                     ("b", 40, 9, 35)):
         mib = None if peak is None else peak * MiB
-        model.observe(image, base * MiB, mib, None if mib is None else mib // 2)
+        model.observe(image, base * MiB, mib, None if mib is None else mib // 2,
+                      None if start is None else start * MiB)
     again = BaselineModel(cfg)
     again.restore(model.export())
     assert again.export() == model.export() == {
         "a": {"baselines": [20 * MiB, 30 * MiB], "call_peaks": [5 * MiB, 7 * MiB],
-              "call_loads": [5 * MiB // 2, 7 * MiB // 2]},
-        "b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB], "call_loads": [9 * MiB // 2]}}
+              "call_loads": [5 * MiB // 2, 7 * MiB // 2], "starts": [15 * MiB]},
+        "b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB], "call_loads": [9 * MiB // 2],
+              "starts": [35 * MiB]}}
     assert again.call_load("a") == 3 * MiB
+    # A new sandbox arrives with what they started with; they grow to their baselines' mean.
+    assert again.predict("a").baseline_bytes == 15 * MiB
+    assert again.mean_baseline("a") == 25 * MiB
     bounded = BaselineModel(SandboxAdmissionConfig(history_window=1, max_images=1))
     bounded.restore(model.export())
     assert bounded.export() == {"b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB],
-                                      "call_loads": [9 * MiB // 2]}}
-    older = BaselineModel(cfg)  # a file written before call loads were kept
+                                      "call_loads": [9 * MiB // 2], "starts": [35 * MiB]}}
+    older = BaselineModel(cfg)  # a file written before call loads and starts were kept
     older.restore({"a": {"baselines": [20 * MiB], "call_peaks": [5 * MiB]}})
     assert older.call_load("a") == 0 and older.predict("a").baseline_bytes == 20 * MiB
 
