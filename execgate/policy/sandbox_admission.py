@@ -304,6 +304,7 @@ class BaselineModel:
     def snapshot(self) -> dict[str, Any]:
         return {image: {"finished": len(h.baselines),
                         "baseline_bytes": self.predict(image).baseline_bytes,
+                        "grows_to_bytes": self.mean_baseline(image),
                         "call_load_bytes": self.call_load(image)}
                 for image, h in self._images.items()}
 

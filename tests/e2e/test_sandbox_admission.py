@@ -170,6 +170,37 @@ def test_a_finished_sandbox_teaches_its_images_call_load(containers: Containers)
         assert 0 < image["call_load_bytes"] < 40 * MiB, image
 
 
+def test_a_finished_sandbox_teaches_what_it_started_with_and_what_its_calls_left(
+        containers: Containers) -> None:
+    """A new sandbox of the image is predicted to arrive with what this one held before its
+    first call; its live ones are set aside to grow to what it held outside calls at its
+    largest, what its call left in /dev/shm included (charged to the sandbox once the call's
+    cgroup is gone). Until 5 Dec the daemon learned the first alone, and the policy's growth
+    term, meant for the leftovers, never saw them."""
+    with memory_domain(containers, SLICE, BUDGET, 1, PINNED.format(wait=100.0)):
+        cid = containers.run("--cgroup-parent", SLICE, cmd=(
+            "memload", "--peak-mib", "20", "--duration", "3600", "--hold", "3600"))
+        cg = container_cgroup(cid)
+        wait_for(lambda: _memory(cg) >= 18 * MiB, timeout=120, interval=0.2,
+                 what="the sandbox to hold 20 MiB")
+        time.sleep(3)  # a rescan (every 2 s) sees it before its first call
+        out = docker("exec", cid, "memload", "--peak-mib", "8", "--duration", "1",
+                     "--retain-mib", "30")
+        assert out.returncode == 0, out
+        time.sleep(5)  # and between calls, with the 30 MiB left in /dev/shm
+        held = _memory(cg)
+        docker("rm", "-f", cid)
+        containers.ids.remove(cid)
+
+        def learned() -> dict | None:
+            return _admission()["images"].get("cmd:memload")
+        image = wait_for(learned, timeout=60, interval=0.5, what="the sandbox's baselines")
+        print(f"held {held >> 20} MiB between calls; learned: {image}")
+        assert image["finished"] == 1, image
+        assert 16 * MiB <= image["baseline_bytes"] <= 30 * MiB, image
+        assert image["grows_to_bytes"] >= image["baseline_bytes"] + 25 * MiB, image
+
+
 def test_an_expired_wait_and_a_dead_daemon_let_creates_through(containers: Containers) -> None:
     """A create kubelet asked for (a CRI runtime's io.kubernetes.* annotations) waits at most
     max_start_wait_s, below kubelet's 2-minute timeout; Docker's own, which nothing times out,

@@ -290,7 +290,7 @@ def test_baseline_is_a_high_quantile_of_a_bounded_window() -> None:
         model.observe("py", mib * MiB)
     assert model.predict("py").baseline_bytes == 300 * MiB
     assert model.snapshot()["py"] == {"finished": 4, "baseline_bytes": 300 * MiB,
-                                      "call_load_bytes": 0}
+                                      "grows_to_bytes": 250 * MiB, "call_load_bytes": 0}
     assert high_quantile([5, 1, 3], 1.0) == 5 and high_quantile([5, 1, 3], 0.01) == 1
 
 
