@@ -126,6 +126,10 @@ class Sandboxes:
         self.waiting: dict[str, tuple[dict[str, Any], asyncio.Future[SandboxDecision]]] = {}
         self.scanned_at = -math.inf
         self.stats = {"outside_domain": 0, "cancelled": 0}
+        # Sandboxes whose first call came before a rescan found their record (an agent's exec
+        # right after its create): their Box is born having been called.
+        self._called_early: set[str] = set()
+        self._born = time.time()  # sandboxes created before this daemon: their past is unknown
         self.last: DomainSnapshot | None = None
         self.learned_path = os.path.join(state_dir, BASELINES)
         self._load_learned()
@@ -192,6 +196,8 @@ class Sandboxes:
         box = self.boxes.get(cid)
         if box is not None:
             box.called = True
+        elif len(self._called_early) < 4096:  # bounded: a rescan clears what has no record
+            self._called_early.add(cid)
 
     def call_ended(self, cid: str, peak: object, ran_s: float = 0.0) -> None:
         """A call of sandbox `cid` ended: its peak, and how long it ran since admitted."""
@@ -297,11 +303,17 @@ class Sandboxes:
             seen.add(cid)
             box = self.boxes.get(cid)
             if box is None:
-                created = now - max(time.time() - float(rec.get("created") or 0), 0.0)
+                born = float(rec.get("created") or 0)
+                created = now - max(time.time() - born, 0.0)
                 box = self.boxes[cid] = Box(cid, cg, str(rec.get("image") or "default"), created)
+                # Called already, or created before this daemon (it may have been): what it
+                # holds may be leftovers, not its start.
+                box.called = cid in self._called_early or cid in in_call or born < self._born
+                self._called_early.discard(cid)
                 self.policy.live(cid, box.image)  # started before this daemon: its load counts
             box.cgroup = cg  # a restarted container may have a new one
             self._measure(box, cid in in_call, now)
+        self._called_early &= seen  # a create that never came to be
         for cid in set(self.boxes) - seen:
             box = self.boxes.pop(cid)
             life = now - box.created
@@ -316,21 +328,29 @@ class Sandboxes:
 
     @staticmethod
     def _measure(box: Box, in_call: bool, now: float) -> None:
-        """Its baseline so far (module docstring). Between calls only: a call's own bytes are
-        sampled a period apart from the sandbox's, and a burst between the two reads would
-        count as the sandbox's. memory.stat once per RESCAN_S per sandbox (rescans run every
-        period while a create waits)."""
+        """Its baseline so far (module docstring). Between calls only — none the daemon knows
+        of, none running unadmitted in a tool cgroup (a runtime that could not reach the
+        daemon): a call's own bytes would count as the sandbox's. At most once per RESCAN_S
+        per sandbox (rescans run every period while a create waits), and memory.stat only when
+        memory.current could raise the baseline (at 1,000 sandboxes: nearly never)."""
         peak = v2.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
         if not box.called:
             box.start = max(box.start, peak)
         if not in_call and now - box.measured_at >= RESCAN_S:
             box.measured_at = now
             mem = v2.read_int(box.cgroup, "memory.current")
-            if mem is not None:
-                stat = v2.read_keyed(box.cgroup, "memory.stat")
-                peak = max(peak, mem - max(stat.get("file", 0) - stat.get("shmem", 0), 0))
-                if not box.called:
-                    box.start = max(box.start, peak)
+            if mem is not None and mem > max(box.baseline, peak):
+                if any(v2.populated(t) for t in container.tool_cgroups(box.cgroup)):
+                    box.called = True  # a call the daemon was not asked about
+                else:
+                    stat = v2.read_keyed(box.cgroup, "memory.stat")
+                    # less what the kernel takes back before an OOM kill: page cache (file
+                    # less tmpfs and shm) and reclaimable slab (dentries and inodes of files)
+                    cache = (stat.get("file", 0) - stat.get("shmem", 0)
+                             + stat.get("slab_reclaimable", 0))
+                    peak = max(peak, mem - max(cache, 0))
+                    if not box.called:
+                        box.start = max(box.start, peak)
         box.baseline = max(box.baseline, peak)
 
     # -- views ---------------------------------------------------------------------------------

@@ -191,7 +191,9 @@ class _ImageHistory:
     baselines: deque[int]  # what each held outside calls at its largest (leftovers included)
     call_peaks: deque[int]
     call_loads: deque[int]  # time-averaged tool-call bytes over a sandbox's life
-    starts: deque[int]  # what each held before its first call: what a new one arrives with
+    # what each held before its first call, what a new one arrives with (None: not measured,
+    # its baseline serves); one entry per baseline, the two windows in step
+    starts: deque[int | None]
     load: int | None = None  # their mean, once asked (None: to compute)
     mean: int | None = None  # the baselines' mean, likewise
 
@@ -212,8 +214,8 @@ class BaselineModel:
         hist = self._history(image)
         hist.baselines.append(max(baseline_bytes, 0))
         hist.mean = None
-        if start_bytes is not None:
-            hist.starts.append(min(max(start_bytes, 0), max(baseline_bytes, 0)))
+        hist.starts.append(None if start_bytes is None
+                           else min(max(start_bytes, 0), max(baseline_bytes, 0)))
         if call_peak_bytes is not None:
             hist.call_peaks.append(max(call_peak_bytes, 0))
         if call_load_bytes is not None:
@@ -271,23 +273,27 @@ class BaselineModel:
         for image, saved in (data.items() if isinstance(data, dict) else ()):
             if not isinstance(saved, dict):
                 continue
-            lists = [saved.get(k) for k in ("baselines", "call_peaks", "call_loads", "starts")]
-            base, peaks, loads, starts = ([v for v in x if type(v) is int]
-                                          if isinstance(x, list) else [] for x in lists)
+            lists = [saved.get(k) for k in ("baselines", "call_peaks", "call_loads")]
+            base, peaks, loads = ([v for v in x if type(v) is int] if isinstance(x, list) else []
+                                  for x in lists)
+            starts = saved.get("starts")
+            # one per baseline, or none (a file from before starts were kept)
+            if not (isinstance(starts, list) and len(starts) == len(base)):
+                starts = [None] * len(base)
             if base:
                 hist = self._history(str(image))
                 hist.baselines.extend(max(v, 0) for v in base)
                 hist.call_peaks.extend(max(v, 0) for v in peaks)
                 hist.call_loads.extend(max(v, 0) for v in loads)
-                hist.starts.extend(max(v, 0) for v in starts)
+                hist.starts.extend(max(v, 0) if type(v) is int else None for v in starts)
                 hist.load = hist.mean = None
 
     def predict(self, image: str, call_peak_bytes: int | None = None) -> BaselinePrediction:
         """History of the image, else the configured defaults: what a new sandbox arrives with
-        (its image's starts, or without them its baselines). What it grows to after is the
-        growth term's (`mean_baseline`), counted from the step after it starts like every live
-        sandbox's. call_peak_bytes: the request's own prediction of its first call's peak,
-        which wins over history."""
+        (its image's starts, each one's baseline where its start was not measured). What it
+        grows to after is the growth term's (`mean_baseline`), counted from the step after it
+        starts like every live sandbox's. call_peak_bytes: the request's own prediction of its
+        first call's peak, which wins over history."""
         cfg = self.config
         hist = self._images.get(image)
         if hist is None or not hist.baselines:
@@ -297,8 +303,9 @@ class BaselineModel:
         if call_peak_bytes is None:
             call_peak_bytes = (high_quantile(hist.call_peaks, q) if hist.call_peaks
                                else cfg.default_call_peak_bytes)
-        return BaselinePrediction(high_quantile(hist.starts or hist.baselines, q),
-                                  call_peak_bytes,
+        arrivals = [b if s is None else s
+                    for b, s in zip(hist.baselines, hist.starts, strict=True)]
+        return BaselinePrediction(high_quantile(arrivals, q), call_peak_bytes,
                                   f"image-history ({len(hist.baselines)} finished)")
 
     def snapshot(self) -> dict[str, Any]:

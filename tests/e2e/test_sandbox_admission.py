@@ -183,11 +183,14 @@ def test_a_finished_sandbox_teaches_what_it_started_with_and_what_its_calls_left
         cg = container_cgroup(cid)
         wait_for(lambda: _memory(cg) >= 18 * MiB, timeout=120, interval=0.2,
                  what="the sandbox to hold 20 MiB")
-        time.sleep(3)  # a rescan (every 2 s) sees it before its first call
-        out = docker("exec", cid, "memload", "--peak-mib", "8", "--duration", "1",
-                     "--retain-mib", "30")
+        # A rescan (every 2 s) sees it before its first call ...
+        wait_for(lambda: _admission()["live"] >= 1, timeout=60, interval=0.5,
+                 what="the daemon to find the sandbox")
+        time.sleep(3)
+        out = docker("exec", cid, "memload", "--peak-mib", "30", "--duration", "1",
+                     "--retain-mib", "30")  # (memload refuses to retain more than its peak)
         assert out.returncode == 0, out
-        time.sleep(5)  # and between calls, with the 30 MiB left in /dev/shm
+        time.sleep(8)  # ... and one between calls, with the 30 MiB left in /dev/shm
         held = _memory(cg)
         docker("rm", "-f", cid)
         containers.ids.remove(cid)

@@ -312,6 +312,49 @@ def test_a_sandbox_teaches_what_its_calls_left_behind_not_its_page_cache(tmp_pat
     assert model.predict("cmd:memload").baseline_bytes == 40 * MiB  # what a new one arrives with
 
 
+def _learned(bed: Bed, cid: str) -> dict[str, list]:
+    """What sandbox cid taught its image, once removed."""
+    bed.remove(cid)
+    bed.clock.t += 3
+    bed.engine.tick()
+    return bed.engine.sandboxes.policy.model.export()["cmd:memload"]
+
+
+def test_what_a_sandbox_holds_after_calls_is_never_taken_for_its_start(tmp_path: Path) -> None:
+    """Its start is what it held before any call: not learned where a call came before the
+    daemon found its record (an agent's exec right after the create) nor for a sandbox
+    created before the daemon (a restart: its past is unknown). A call running unadmitted in
+    a tool cgroup (its runtime could not reach the daemon) is not the sandbox's memory."""
+    bed = Bed(tmp_path)
+    bed.engine.sandboxes.call_arrived("early")  # before the rescan that finds it
+    bed.sandbox("early", 70 * MiB)
+    bed.clock.t += 3
+    bed.engine.tick()
+    assert _learned(bed, "early") == {"baselines": [70 * MiB], "call_peaks": [],
+                                     "call_loads": [], "starts": [None]}
+    cg = bed.sandbox("old", 50 * MiB)
+    records.save_container(str(bed.state), {"id": "old", "managed": True, "cgroup": str(cg),
+                                            "image": "cmd:memload", "created": time.time() - 60})
+    bed.clock.t += 3
+    bed.engine.tick()
+    assert _learned(bed, "old")["starts"] == [None, None]
+    cg = bed.sandbox("box", 40 * MiB)
+    bed.clock.t += 3
+    bed.engine.tick()
+    tool = cg / "tool-0123456789ab"
+    tool.mkdir()
+    _write(tool, "cgroup.events", "populated 1")
+    _write(cg, "memory.current", 150 * MiB)  # 110 of it the unadmitted call's
+    bed.clock.t += 3
+    bed.engine.tick()
+    _write(tool, "cgroup.events", "populated 0")
+    _write(cg, "memory.current", 60 * MiB)  # what it left
+    bed.clock.t += 3
+    bed.engine.tick()
+    learned = _learned(bed, "box")
+    assert learned["baselines"][-1] == 60 * MiB and learned["starts"][-1] == 40 * MiB, learned
+
+
 def test_a_started_sandboxs_calls_teach_its_images_call_load_while_it_lives(
         tmp_path: Path) -> None:
     """The engine's ended calls reach sandbox admission: before a sandbox of the image has

@@ -359,12 +359,14 @@ def test_the_history_exports_and_restores_whole_within_its_bounds() -> None:
     again.restore(model.export())
     assert again.export() == model.export() == {
         "a": {"baselines": [20 * MiB, 30 * MiB], "call_peaks": [5 * MiB, 7 * MiB],
-              "call_loads": [5 * MiB // 2, 7 * MiB // 2], "starts": [15 * MiB]},
+              "call_loads": [5 * MiB // 2, 7 * MiB // 2], "starts": [15 * MiB, None]},
         "b": {"baselines": [40 * MiB], "call_peaks": [9 * MiB], "call_loads": [9 * MiB // 2],
               "starts": [35 * MiB]}}
     assert again.call_load("a") == 3 * MiB
-    # A new sandbox arrives with what they started with; they grow to their baselines' mean.
-    assert again.predict("a").baseline_bytes == 15 * MiB
+    # A new sandbox arrives with what they started with (a baseline where a start was not
+    # measured); they grow to their baselines' mean.
+    assert again.predict("a").baseline_bytes == 30 * MiB
+    assert again.predict("b").baseline_bytes == 35 * MiB
     assert again.mean_baseline("a") == 25 * MiB
     bounded = BaselineModel(SandboxAdmissionConfig(history_window=1, max_images=1))
     bounded.restore(model.export())
@@ -373,6 +375,9 @@ def test_the_history_exports_and_restores_whole_within_its_bounds() -> None:
     older = BaselineModel(cfg)  # a file written before call loads and starts were kept
     older.restore({"a": {"baselines": [20 * MiB], "call_peaks": [5 * MiB]}})
     assert older.call_load("a") == 0 and older.predict("a").baseline_bytes == 20 * MiB
+    older.observe("a", 60 * MiB, start_bytes=10 * MiB)  # one start beside an old baseline
+    assert older.export()["a"]["starts"] == [None, 10 * MiB]
+    assert older.predict("a").baseline_bytes == 20 * MiB  # not the lone start's 10
 
 
 def test_starts_only_step_decides_as_the_full_step_and_snapshot_says_the_same() -> None:
