@@ -346,12 +346,12 @@ class ExecgateHands:
             return
         started, area = self.box_load.pop(box.id, (None, 0.0))
         life = None if started is None else self.clock() - started
-        load = {"call_load_bytes": int(area / life) if life and life > 0 else None} \
+        kw = {"call_load_bytes": int(area / life) if life and life > 0 else None} \
             if _FINISHED_LOAD else {}
         if _FINISHED_START:  # what it held before its first call: its init
-            load["start_bytes"] = box.baseline
+            kw["start_bytes"] = box.baseline
         self.sandboxes.finished(box.id, "bench", box.baseline + box.retained * _LEFTOVERS,
-                                self.box_peaks.pop(box.id, None), **load)
+                                self.box_peaks.pop(box.id, None), **kw)
         self.next_peak.pop(box.id, None)
 
     # -- the runtime's requests ----------------------------------------------------------------

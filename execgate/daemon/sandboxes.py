@@ -334,23 +334,22 @@ class Sandboxes:
         per sandbox (rescans run every period while a create waits), and memory.stat only when
         memory.current could raise the baseline (at 1,000 sandboxes: nearly never)."""
         peak = v2.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
-        if not box.called:
-            box.start = max(box.start, peak)
+        unasked = False  # a call the daemon was not asked about runs in it
         if not in_call and now - box.measured_at >= RESCAN_S:
             box.measured_at = now
             mem = v2.read_int(box.cgroup, "memory.current")
             if mem is not None and mem > max(box.baseline, peak):
-                if any(v2.populated(t) for t in container.tool_cgroups(box.cgroup)):
-                    box.called = True  # a call the daemon was not asked about
-                else:
+                unasked = any(v2.populated(t) for t in container.tool_cgroups(box.cgroup))
+                if not unasked:
                     stat = v2.read_keyed(box.cgroup, "memory.stat")
                     # less what the kernel takes back before an OOM kill: page cache (file
                     # less tmpfs and shm) and reclaimable slab (dentries and inodes of files)
                     cache = (stat.get("file", 0) - stat.get("shmem", 0)
                              + stat.get("slab_reclaimable", 0))
                     peak = max(peak, mem - max(cache, 0))
-                    if not box.called:
-                        box.start = max(box.start, peak)
+        if not box.called:
+            box.start = max(box.start, peak)
+        box.called = box.called or unasked
         box.baseline = max(box.baseline, peak)
 
     # -- views ---------------------------------------------------------------------------------
