@@ -65,7 +65,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     extra = [x for x in (args.extra or "").split(",") if x.strip()]
     res = validate(args.results, tick_s=args.tick, extra=extra, per_part=args.per_part,
                    swap_out_bps=args.swap_bandwidth_mib * MiB,
-                   swap_in_bps=args.swap_in_bandwidth_mib * MiB)
+                   swap_in_bps=args.swap_in_bandwidth_mib * MiB, draws=args.draws)
     lines = [_policy_line(), "", *table(res["rows"]), "", *summary(res["rows"])]
     lines += ["", f"simulated {len(res['rows'])} runs in {res['wall_s']:.1f} s wall", "",
               "cost model (n = live sandboxes, averaged over the operation):"]
@@ -77,7 +77,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     text = "\n".join(lines) + "\n"
     print(text, end="")
     stem = "validate" + (f"-{args.policy_rev}" if args.policy_rev else "") + (
-        "-per-part" if args.per_part else "")
+        "-per-part" if args.per_part else "") + (f"-draws{args.draws}" if args.draws else "")
     _write(args.out, f"{stem}.md", text)
     if args.out:
         rows = [{k: v for k, v in r.items()} for r in res["rows"]]
@@ -322,6 +322,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--swap-in-bandwidth-mib", type=float, default=VM_SWAP_IN_BPS / MiB)
     v.add_argument("--policy-rev", help="run execgate's policy as it was at this git revision "
                    "(the one the VM ran: fff81fa for docs/replay/sweep)")
+    v.add_argument("--draws", type=int, default=0,
+                   help="that many more runs per row with operation costs drawn around their "
+                   "fit: the range a VM run falls in where outcomes turn on seconds")
     v.set_defaults(func=cmd_validate)
     f = sub.add_parser("fit", help="the control-plane cost model fitted to a results file")
     f.add_argument("results")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ class SimSettings:
     immediate_steps: bool = True  # admission stepped on every submit/release, as the daemon
     sandbox_period_s: float = 0.0  # sandbox admission stepped at most this often (0: each tick)
     hot_calls: bool = False  # calls read every page they hold each tick (bench --hot-calls)
+    # None: every operation costs its fit. A seed: each costs its fit times a lognormal draw
+    # (mean 1, sigma = the fit's RMSE over its mean), one sample of the VM's own spread. Where
+    # most attempts die, tasks done turns on seconds; identical costs fail attempts in lockstep.
+    cost_seed: int | None = None
 
 
 @dataclass(eq=False)
@@ -119,6 +124,7 @@ class Simulation:
         self.in_op: set[_TaskState] = set()
         self.creates: dict[str, _TaskState] = {}  # box id -> task whose create waits
         self.next_sandbox_step = 0.0
+        self.rng = random.Random(self.s.cost_seed) if self.s.cost_seed is not None else None
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -138,6 +144,7 @@ class Simulation:
             self._wake(st, self.now + max(arg, 0.0))
         elif kind == "op":
             name, work = arg
+            work *= self._draw(name)
             st.op = (name, work, self.now)
             self.in_op.add(st)
             self._wake(st, self.now + work * getattr(self.cost, name)(self.live), "op")
@@ -158,6 +165,14 @@ class Simulation:
             if self.hands is not None:
                 self.hands.started(call)
             self._wake(st, call.end_at(), "end")
+
+    def _draw(self, op: str) -> float:
+        """An operation's cost factor: 1, or a draw around its fit (`SimSettings.cost_seed`)."""
+        fit = getattr(self.cost, op)
+        if self.rng is None or fit.mean_y <= 0 or fit.rmse <= 0:
+            return 1.0
+        sigma = fit.rmse / fit.mean_y
+        return math.exp(self.rng.gauss(-sigma * sigma / 2, sigma))
 
     def _set_live(self, delta: int) -> None:
         """n changes: every operation in flight re-plans its end at the new rate."""

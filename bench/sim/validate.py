@@ -14,6 +14,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +92,14 @@ def _err(vm: float, sim: float) -> str:
 
 def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
              per_part: bool = False, swap_out_bps: float = VM_SWAP_OUT_BPS,
-             swap_in_bps: float = VM_SWAP_IN_BPS) -> dict[str, Any]:
+             swap_in_bps: float = VM_SWAP_IN_BPS, draws: int = 0) -> dict[str, Any]:
     """Rerun every (point, scheme) of the results in the simulator; rows of VM vs sim. `extra`:
     schemes the VM did not run, simulated on every point too (rows without a VM side), with
     the config of the point's execgate run. `per_part`: one cost model per VM boot of a merged
     results file (`part`), fitted to that boot's runs only: the boots ran at different speeds
-    (two at once on one host), which a pooled fit averages away."""
+    (two at once on one host), which a pooled fit averages away. `draws`: that many more runs
+    per row with seeded operation costs (`SimSettings.cost_seed`), the spread a VM run falls in
+    (`sim_draws`: each metric's values, sorted)."""
     results = load_results(path)
     tasks = tasks_of(results)
     by_id = {t.id: t for t in tasks}
@@ -139,6 +142,11 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
         row["sim_reasons"] = _reasons(sim["attempts"])
         if "daemon" in sim:
             row["sim_daemon"] = sim["daemon"]
+        if draws > 0:
+            runs = [simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
+                             replace(settings(c, mem), cost_seed=seed), cfg)["metrics"]
+                    for seed in range(draws)]
+            row["sim_draws"] = {key: sorted(m.get(key) for m in runs) for key, _ in METRICS}
         rows.append(row)
     for name in extra:
         scheme = sim_schemes.parse(name)[0]
@@ -196,8 +204,26 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{r['vm_makespan_s']:.0f}/{r['sim_makespan_s']:.0f} "
             f"({_err(r['vm_makespan_s'], r['sim_makespan_s'])}) | "
             f"{r['vm_latency_arrival_p50_s']:.0f}/{r['sim_latency_arrival_p50_s']:.0f} "
-            f"({_err(r['vm_latency_arrival_p50_s'], r['sim_latency_arrival_p50_s'])}) |")
+            f"({_err(r['vm_latency_arrival_p50_s'], r['sim_latency_arrival_p50_s'])}) |"
+            + (_band_cells(r) if "sim_draws" in r else ""))
+    if any("sim_draws" in r for r in rows):
+        lines[0] += " done, drawn costs | makespan s, drawn costs |"
+        lines[1] += " ---: | ---: |"
     return lines
+
+
+def _band_cells(r: Mapping[str, Any]) -> str:
+    """The seeded runs' range (median) of tasks done and makespan; ✗ where the VM is outside."""
+    done, span = r["sim_draws"]["tasks_completed"], r["sim_draws"]["makespan_s"]
+    mark = "" if _in_band(r) else " ✗"
+    return (f" {done[0]}–{done[-1]} ({done[len(done) // 2]}){mark} |"
+            f" {span[0]:.0f}–{span[-1]:.0f} ({span[len(span) // 2]:.0f}) |")
+
+
+def _in_band(r: Mapping[str, Any]) -> bool:
+    """Whether the VM's tasks done lies within the seeded runs' range."""
+    done = r["sim_draws"]["tasks_completed"]
+    return done[0] <= r["vm_tasks_completed"] <= done[-1]
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -210,8 +236,15 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     errs = sorted(abs(r["sim_makespan_s"] - r["vm_makespan_s"]) / r["vm_makespan_s"]
                   for r in rows if r["vm_makespan_s"])
     med = errs[len(errs) // 2] if errs else math.nan
-    return [f"tasks done exact: {exact}/{n}; makespan within 20 %: {len(within)}/{n}; "
-            f"median |makespan error| {100 * med:.0f} %"]
+    out = [f"tasks done exact: {exact}/{n}; makespan within 20 %: {len(within)}/{n}; "
+           f"median |makespan error| {100 * med:.0f} %"]
+    drawn = [r for r in rows if "sim_draws" in r]
+    if drawn:
+        k = len(drawn[0]["sim_draws"]["tasks_completed"])
+        out.append(f"with {k} draws of operation costs (lognormal, sigma = each fit's RMSE over "
+                   f"its mean): the VM's tasks done within the draws' range on "
+                   f"{sum(_in_band(r) for r in drawn)}/{len(drawn)}")
+    return out
 
 
 def cost_lines(costs: Mapping[str, CostModel], results: Mapping[str, Any],

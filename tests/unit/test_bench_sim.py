@@ -151,6 +151,44 @@ def test_rate_model_slows_an_operation_when_sandboxes_join() -> None:
     assert crowd["metrics"]["makespan_s"] > alone["metrics"]["makespan_s"] + 2
 
 
+def test_a_cost_seed_draws_each_operation_around_its_fit() -> None:
+    """Seeded runs spread around the fit (the same seed, the same run); no seed, or a fit with
+    no residual, costs exactly the fit."""
+    from dataclasses import replace
+
+    from bench.sim.cost import CostModel, Fit
+
+    noisy = CostModel(Fit(2.0, n_points=9, rmse=1.0, mean_y=2.0), Fit(0.5), Fit(1.0))
+    def span(settings: SimSettings) -> float:  # one task: its ops in a row, no max over tasks
+        return simulate(SCHEMES["eager"], TASKS[:1], [0.0], 64 << 30,
+                        settings)["metrics"]["makespan_s"]
+
+    spans = [span(SimSettings(cost=noisy, cost_seed=seed)) for seed in range(10)]
+    again = span(SimSettings(cost=noisy, cost_seed=0))
+    plain = span(SimSettings(cost=noisy))
+    assert again == spans[0] and len(set(spans)) > 1
+    assert min(spans) < plain < max(spans)
+    exact = replace(noisy, run=Fit(2.0))  # no residual: nothing to draw from
+    assert {simulate(SCHEMES["eager"], TASKS, ARRIVALS, 64 << 30,
+                     SimSettings(cost=exact, cost_seed=s))["metrics"]["makespan_s"]
+            for s in range(3)} == {simulate(SCHEMES["eager"], TASKS, ARRIVALS, 64 << 30,
+                                            SimSettings(cost=exact))["metrics"]["makespan_s"]}
+
+
+def test_validate_draws_give_each_row_a_range() -> None:
+    from bench.sim.validate import summary, table, validate
+
+    small = RESULTS.parents[1] / "sweep-1b705b4" / "repeat-1.json.gz"  # two runs
+    res = validate(small, draws=2)
+    assert len(res["rows"]) == 2
+    assert all(len(r["sim_draws"]["tasks_completed"]) == 2 for r in res["rows"])
+    assert all(r["sim_draws"]["makespan_s"] == sorted(r["sim_draws"]["makespan_s"])
+               for r in res["rows"])
+    lines = table(res["rows"])
+    assert "drawn costs" in lines[0] and lines[2].count("|") == lines[0].count("|")
+    assert "within the draws' range on" in summary(res["rows"])[-1]
+
+
 @pytest.mark.skipif(not RESULTS.exists(), reason="no committed VM results")
 def test_validate_runs_on_the_committed_results(capsys) -> None:
     assert cli.main(["validate", str(RESULTS)]) == 0
