@@ -14,7 +14,6 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +110,13 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
             part_costs[part] = fit_results(sub, by_id)
     params = results["params"]
 
-    def settings(c: Mapping[str, CostModel], mem: MemoryConfig) -> SimSettings:
-        """One run's: its cost model and host memory, the file's tick, retries and calls."""
+    def settings(c: Mapping[str, CostModel], mem: MemoryConfig,
+                 seed: int | None = None) -> SimSettings:
+        """One run's: its cost model and host memory, the file's tick, retries and calls, and
+        the seed of its drawn costs (None: every operation at its fit)."""
         return SimSettings(cost=c["runc"], cost_by_runtime=dict(c), memory=mem, tick_s=tick_s,
                            retry_limit=int(params.get("retry_limit", 5)),
-                           hot_calls=bool(params["workload"].get("hot_calls")))
+                           hot_calls=bool(params["workload"].get("hot_calls")), cost_seed=seed)
 
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -144,7 +145,7 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
             row["sim_daemon"] = sim["daemon"]
         if draws > 0:
             runs = [simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],
-                             replace(settings(c, mem), cost_seed=seed), cfg)["metrics"]
+                             settings(c, mem, seed), cfg)["metrics"]
                     for seed in range(draws)]
             row["sim_draws"] = {key: sorted(m.get(key) for m in runs) for key, _ in METRICS}
         rows.append(row)

@@ -159,8 +159,10 @@ def test_a_cost_seed_draws_each_operation_around_its_fit() -> None:
     from bench.sim.cost import CostModel, Fit
 
     noisy = CostModel(Fit(2.0, n_points=9, rmse=1.0, mean_y=2.0), Fit(0.5), Fit(1.0))
-    def span(settings: SimSettings) -> float:  # one task: its ops in a row, no max over tasks
-        return simulate(SCHEMES["eager"], TASKS[:1], [0.0], 64 << 30,
+
+    def span(settings: SimSettings, tasks: list[Task] = TASKS[:1]) -> float:
+        """One task by default: its ops in a row, no max over tasks."""
+        return simulate(SCHEMES["eager"], tasks, ARRIVALS[: len(tasks)], 64 << 30,
                         settings)["metrics"]["makespan_s"]
 
     spans = [span(SimSettings(cost=noisy, cost_seed=seed)) for seed in range(10)]
@@ -169,10 +171,8 @@ def test_a_cost_seed_draws_each_operation_around_its_fit() -> None:
     assert again == spans[0] and len(set(spans)) > 1
     assert min(spans) < plain < max(spans)
     exact = replace(noisy, run=Fit(2.0))  # no residual: nothing to draw from
-    assert {simulate(SCHEMES["eager"], TASKS, ARRIVALS, 64 << 30,
-                     SimSettings(cost=exact, cost_seed=s))["metrics"]["makespan_s"]
-            for s in range(3)} == {simulate(SCHEMES["eager"], TASKS, ARRIVALS, 64 << 30,
-                                            SimSettings(cost=exact))["metrics"]["makespan_s"]}
+    assert {span(SimSettings(cost=exact, cost_seed=s), TASKS) for s in range(3)} == {
+        span(SimSettings(cost=exact), TASKS)}
 
 
 def test_validate_draws_give_each_row_a_range() -> None:
