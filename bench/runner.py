@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import threading
 import time
 from collections import deque
@@ -38,6 +39,14 @@ OOM_EXIT = 137
 TAG = "[execgate]"  # the runtime's and daemon's lines on a call's stderr (calls.feedback.TAG)
 
 
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def keep_stderr(text: str, tail: int = 200) -> str:
     """A failed call's stderr for the results: every `[execgate]` line whole (the daemon's word
     on why it waited or died), then the last `tail` characters of the rest."""
@@ -55,8 +64,9 @@ class RunSettings:
     exec_timeout_s: float = 900.0  # a docker exec that hangs longer fails its attempt
     # A docker run that takes longer fails its attempt. A hang guard, not a policy: under TCG
     # with 16 sandboxes a start took 400-490 s (a sandbox admission wait included), and at 300 s
-    # the bench's own timeout, not the scheme, lost 5 attempts.
-    run_timeout_s: float = 900.0
+    # the bench's own timeout, not the scheme, lost 5 attempts; at 15x with 27, 900 s lost 2.
+    # Docker's own client waits without a deadline.
+    run_timeout_s: float = 1800.0
     admission_wait_s: float | None = None  # daemon's max_admission_wait_s (None: as configured)
     scale_daemon: bool = True  # scale the daemon's byte tunables with --mem-scale
     retry_limit: int = RETRY_LIMIT
@@ -136,12 +146,18 @@ class Replayer:
     # -- tasks -------------------------------------------------------------------------------------
 
     def _sandbox(self, task: Task, attempt: int) -> tuple[str | None, str]:
-        p = self.host.docker(
-            "run", "-d", "--runtime", self.scheme.runtime, "--cgroup-parent", self.host.slice,
-            "--label", f"{LABEL}={self.scheme.name}", "--shm-size", str(max(self.budget, 64 * MiB)),
-            self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio),
-            timeout=self.settings.run_timeout_s)
-        cid = p.stdout.strip()
+        # --cidfile: the CLI writes the id once dockerd has created the container. A run the
+        # bench times out goes on starting in dockerd (moby ignores the client going away);
+        # knowing its id, the failed attempt removes it instead of leaving it holding memory.
+        with tempfile.TemporaryDirectory(prefix="egbench-") as tmp:
+            cidfile = os.path.join(tmp, "cid")
+            p = self.host.docker(
+                "run", "-d", "--cidfile", cidfile, "--runtime", self.scheme.runtime,
+                "--cgroup-parent", self.host.slice, "--label", f"{LABEL}={self.scheme.name}",
+                "--shm-size", str(max(self.budget, 64 * MiB)),
+                self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio),
+                timeout=self.settings.run_timeout_s)
+            cid = p.stdout.strip() or _read_text(cidfile)
         if cid:
             with self.cond:
                 self.containers.append(cid)
@@ -149,7 +165,7 @@ class Replayer:
                                    "init_pid": self.host.init_pid(cid)}
         if p.returncode or not cid:
             if cid:
-                self.host.docker("rm", "-f", cid)
+                self.host.docker("rm", "-f", cid, timeout=300)
             return None, (p.stderr.strip() or f"docker run exit {p.returncode}")[-300:]
         if self.scheme.runtime == "execgate":
             # execgate fails open: a sandbox it could not prepare runs as plain runc, which
