@@ -5,8 +5,9 @@
 #                                 hardware costs, 15x and 1,000 sandboxes (zram; no swap, and
 #                                 no swap with creates waiting without bound)
 #   bench/figures.sh vm [OUT]     the VM's (hours; one VM at a time): the fleet points (burst,
-#                                 Poisson, Poisson with hot calls, 3 repeats of eager+swap and
-#                                 execgate, the runc baselines once), light load, exec latency,
+#                                 Poisson, Poisson with hot calls, the 15x burst and Poisson:
+#                                 3 repeats of eager+swap and execgate, the runc baselines
+#                                 once), light load, exec latency,
 #                                 the load sweep, the demo
 #   bench/figures.sh all [OUT]    both (default OUT: results/figures)
 # What each part redoes, and where the committed copy lives, is in docs/benchmarks.md and
@@ -37,6 +38,9 @@ sim() {
     {
         "$python" -m bench.sim validate docs/replay/sweep-c953629/results.json.gz --policy-rev c953629 --out "$s"
         "$python" -m bench.sim validate docs/replay/sweep/results.json.gz --policy-rev fff81fa --out "$s"
+        # One VM run is one draw: each row again with operation costs drawn around their fit.
+        "$python" -m bench.sim validate docs/replay/sweep-c953629/results.json.gz --policy-rev c953629 \
+            --draws 20 --out "$s"
         # Every fleet boot in its own fit and at its own policy (the directory's revision), with
         # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
         for f in docs/replay/fleet/*-*/repeat-*.json.gz docs/replay/sweep-*/repeat-*.json.gz; do
@@ -63,6 +67,10 @@ sim() {
         "$python" -m bench.sim replay --cost hw --swap-bandwidth-mib 1000 --out "$s/hw" \
             --name poisson-hw -- $w --swap on $p --schemes eager+swap,execgate,reserve,static \
             --static-k 2,4,8
+        "$python" -m bench.sim replay --cost hw --swap-bandwidth-mib 1000 --out "$s/hw" \
+            --name burst15x-hw -- --tasks 27 --seed 34 --mem-scale 6 --cpu-scale 0 --oversub 15 \
+            --zram-size 1g --swap on $b --schemes eager+swap,execgate,reserve,static \
+            --static-k 8,12,16,20,24
         "$python" -m bench.sim sweep --sandboxes 64 --budget 5298m --swap --zram --static-k 4,8,16 \
             --schemes eager,static,reserve,execgate,execgate-noresidency --out "$s/hw"
         "$python" -m bench.sim sweep --sandboxes 1000 --budget 64g --swap --zram --out "$s"
@@ -77,6 +85,9 @@ vm() {
     REPEATS=3 bench/fleet_results.sh burst "$out/fleet-burst"
     REPEATS=3 bench/fleet_results.sh poisson "$out/fleet-poisson"
     REPEATS=3 BASELINES=0 HOT=1 bench/fleet_results.sh poisson "$out/fleet-poisson-hot"
+    local x15=(env OVERSUB=15 TASKS=27 SEED=34 STATIC_K=8 REPEATS=3)
+    "${x15[@]}" bench/fleet_results.sh burst "$out/fleet-burst15x"
+    "${x15[@]}" bench/fleet_results.sh poisson "$out/fleet-poisson15x"
     EXECGATE_VM_CMD='for r in 1 2; do python3 -m bench.replay demo --budget 2g --out $EXECGATE_RESULTS/light-$r; done' \
         EXECGATE_VM_TIMEOUT=3600 tests/vm/run.sh cmd "$out/light-load" > "$out/light-load.log" 2>&1 \
         || echo "figures.sh: light load failed (see $out/light-load.log)" >&2

@@ -4,7 +4,8 @@
 # burst:   16 tasks arriving within 1 s, LLM waits kept (the burst workload), 8.6x oversubscribed
 # poisson: the load sweep's 8.6x point (16 tasks over ~95 s, LLM waits x0.05)
 # OVERSUB=15: another oversubscription (default 8.6); TASKS, SEED: another task set (default 16
-# tasks of seed 13, which the largest task caps at 9.8x; TASKS=27 SEED=34 reach 15.05x).
+# tasks of seed 13, which the largest task caps at 9.8x; TASKS=27 SEED=34 reach 15.05x);
+# STATIC_K: the static-K baselines' K (default 2,4; 8 at 15x).
 # Swap on for every scheme (a zram device made in the VM). Two boots, at once when
 # EXECGATE_VM_PARALLEL=1: eager+swap and execgate REPEATS times (default 3) in one, the runc
 # baselines reserve and static-K (no execgated: they do not change with the policy) once in the
@@ -40,7 +41,7 @@ boot() {  # boot NAME COMMAND: one VM run, its results in $out/NAME
 }
 
 policy="for r in \$(seq $repeats); do python3 -m bench.replay sweep$quoted --schemes eager+swap,execgate --out \$EXECGATE_RESULTS/repeat-\$r || echo \"repeat \$r failed\"; done"
-baselines="python3 -m bench.replay sweep$quoted --schemes reserve,static --static-k 2,4 --out \$EXECGATE_RESULTS/baselines"
+baselines="python3 -m bench.replay sweep$quoted --schemes reserve,static --static-k ${STATIC_K:-2,4} --out \$EXECGATE_RESULTS/baselines"
 if [[ ${BASELINES:-1} == 0 ]]; then
     boot policy "$policy"
 elif [[ ${EXECGATE_VM_PARALLEL:-0} == 1 ]]; then
