@@ -164,6 +164,8 @@ class Server:
             return protocol.reply(False, error=f"unknown op {msg.get('op')!r}")
         try:
             return await handler(msg, conn)
+        except ConnectionError:
+            raise  # the peer hung up mid-conversation (a front gone to Python): a drop, not a bug
         except Exception as e:
             log.exception("op %s failed", msg.get("op"))
             return protocol.reply(False, error=f"{type(e).__name__}: {e}")
