@@ -78,5 +78,7 @@ case $mode in
         echo "unknown mode $mode"; rc=2 ;;
 esac
 journalctl -u execgated --no-pager >"$res/execgated.log" 2>&1
+# The engines' side (a create they retried or timed out, the runtime's warnings in runc's log).
+journalctl -u docker -u containerd --no-pager >"$res/engines.log" 2>&1
 cp /var/lib/execgate/calls.jsonl "$res/" 2>/dev/null
 exit $rc
