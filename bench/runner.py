@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import threading
 import time
 from collections import deque
@@ -36,15 +35,8 @@ from bench.workload import Workload, hint_for
 from execgate.common.units import MiB
 
 OOM_EXIT = 137
+RM_RETRY_S = 5.0  # between two `docker rm -f` of a container dockerd has not let go yet
 TAG = "[execgate]"  # the runtime's and daemon's lines on a call's stderr (calls.feedback.TAG)
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def keep_stderr(text: str, tail: int = 200) -> str:
@@ -146,18 +138,14 @@ class Replayer:
     # -- tasks -------------------------------------------------------------------------------------
 
     def _sandbox(self, task: Task, attempt: int) -> tuple[str | None, str]:
-        # --cidfile: the CLI writes the id once dockerd has created the container. A run the
-        # bench times out goes on starting in dockerd (moby ignores the client going away);
-        # knowing its id, the failed attempt removes it instead of leaving it holding memory.
-        with tempfile.TemporaryDirectory(prefix="egbench-") as tmp:
-            cidfile = os.path.join(tmp, "cid")
-            p = self.host.docker(
-                "run", "-d", "--cidfile", cidfile, "--runtime", self.scheme.runtime,
-                "--cgroup-parent", self.host.slice, "--label", f"{LABEL}={self.scheme.name}",
-                "--shm-size", str(max(self.budget, 64 * MiB)),
-                self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio),
-                timeout=self.settings.run_timeout_s)
-            cid = p.stdout.strip() or _read_text(cidfile)
+        p = self.host.docker(
+            "run", "-d", "--runtime", self.scheme.runtime, "--cgroup-parent", self.host.slice,
+            "--label", f"{LABEL}={self.scheme.name}", "--shm-size", str(max(self.budget, 64 * MiB)),
+            self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio),
+            timeout=self.settings.run_timeout_s)
+        # Detached, the CLI prints the id once the container is created, before it starts: a
+        # run the bench timed out still names the container dockerd goes on starting.
+        cid = p.stdout.strip()
         if cid:
             with self.cond:
                 self.containers.append(cid)
@@ -165,7 +153,7 @@ class Replayer:
                                    "init_pid": self.host.init_pid(cid)}
         if p.returncode or not cid:
             if cid:
-                self.host.docker("rm", "-f", cid, timeout=300)
+                self._remove(cid)
             return None, (p.stderr.strip() or f"docker run exit {p.returncode}")[-300:]
         if self.scheme.runtime == "execgate":
             # execgate fails open: a sandbox it could not prepare runs as plain runc, which
@@ -243,7 +231,19 @@ class Replayer:
             rec.update(end=round(self.now(), 3), ok=True)
             return rec
         finally:
-            self.host.docker("rm", "-f", cid, timeout=300)
+            self._remove(cid)
+
+    def _remove(self, cid: str) -> None:
+        """`docker rm -f` until it takes. dockerd removes a container whose start is still
+        going on (moby lets it finish) only after it: at 15x under TCG a start held in sandbox
+        admission outlasted a 180 s rm, and the sandbox went on holding memory beside its
+        task's retry until the run's end."""
+        deadline = time.monotonic() + self.settings.run_timeout_s
+        while self.host.docker("rm", "-f", cid, timeout=300).returncode:
+            if time.monotonic() > deadline or self.host.docker(
+                    "inspect", "-f", "{{.Id}}", cid, timeout=60).returncode:
+                return  # gone already (another rm took it), or not worth the run's time
+            self.abort.wait(RM_RETRY_S)
 
     def _task(self, st: _TaskState) -> None:
         try:
