@@ -184,6 +184,12 @@ class Host:
             time.sleep(0.5)
         raise BenchError("execgated did not answer after restart (journalctl -u execgated)")
 
+    def daemon_cpu_s(self) -> float | None:
+        """execgated's CPU time so far (systemd's accounting of its unit), or None."""
+        p = _run(["systemctl", "show", "-p", "CPUUsageNSec", "--value", "execgated"], timeout=30)
+        value = p.stdout.strip()
+        return int(value) / 1e9 if p.returncode == 0 and value.isdigit() else None
+
     # -- the slice -----------------------------------------------------------------------------
 
     def docker(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

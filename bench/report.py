@@ -115,7 +115,8 @@ HEADER = ["scheme", "tasks done", "makespan s (trace s)", "latency P50 / P95 s",
 
 WHY_HEADER = ["scheme", "kernel OOM kills: inits / calls", "sandboxes held / longest s",
               "calls waited / forced / held",
-              "admission wait max s", "reclaimed MiB", "swap peak MiB", "zram ratio"]
+              "admission wait max s", "reclaimed MiB", "swap peak MiB", "zram ratio",
+              "daemon CPU s"]
 
 
 def _zram_ratio(run: dict[str, Any]) -> float | None:
@@ -154,6 +155,7 @@ def _why_row(run: dict[str, Any]) -> list[str]:
         _num(reclaimed / MiB, "{:.0f}") if daemon else "–",
         _num(sw.get("swap_peak_bytes", 0) / MiB, "{:.0f}") if sw.get("on") else "off",
         _num(_zram_ratio(run), "{:.2f}") if sw.get("on") else "–",
+        _num(m.get("daemon_cpu_s"), "{:.0f}") if daemon else "–",
     ]
 
 

@@ -420,10 +420,16 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
                        fill_ratio=workload.fill_ratio, hot_calls=workload.hot_calls)
         rep.abort = abort
         counters = host.memory_counters()
+        cpu_before = host.daemon_cpu_s() if scheme.daemon else None
         try:
             result = rep.run()
         finally:
             host.stop_events()
+        cpu_after = host.daemon_cpu_s() if cpu_before is not None else None
+        if cpu_before is not None and cpu_after is not None:
+            # execgated's own CPU over the run (memory.reclaim's compression included): under
+            # TCG every core-second of it is one the engine's starts and the calls did not get.
+            result["metrics"]["daemon_cpu_s"] = round(cpu_after - cpu_before, 1)
         # The slice's swap traffic, refaults and stall over the run, named as the simulator's.
         result["metrics"].update({k: v - counters[k] for k, v in host.memory_counters().items()})
         result["swap"] = {"on": swap, "slice_swap_max": host.swap_limit,

@@ -196,3 +196,16 @@ def test_text_table_is_compact_and_aligned(results: dict[str, Any]) -> None:
     assert [line.split()[0] for line in lines[3:]] == ["eager", "static", "execgate"]
     assert len({len(line) for line in lines[1:]}) == 1  # fixed width
     assert " 1/4 (25 %)" in lines[3]
+
+
+def test_the_why_table_says_the_daemons_own_cpu(results: dict[str, Any]) -> None:
+    """execgated's CPU over a run: under TCG each second of it is one the engine's starts and
+    the calls did not get (15x, one boot: 7 min 46 s over an 18-minute run)."""
+    run = results["runs"][4]
+    run["scheme_def"]["daemon"] = True
+    run["metrics"]["daemon_cpu_s"] = 466.4
+    why = report.markdown(results).split("## ")[1].split("Why (")[1]
+    header, *rows = [line for line in why.splitlines() if line.startswith("| ")]
+    assert header.split("|")[-2].strip() == "daemon CPU s"
+    cells = {r.split("|")[1].strip(): r.split("|")[-2].strip() for r in rows}
+    assert cells == {"eager": "–", "static (K=2)": "–", "execgate": "466"}

@@ -484,3 +484,15 @@ def test_host_memory_counters_read_the_slice_stat_and_pressure(tmp_path: Path) -
     host.cgroup = str(tmp_path / "gone")  # a slice already removed: zeros, no exception
     assert host.memory_counters() == {"refault_bytes": 0, "swap_out_bytes": 0,
                                       "swap_in_bytes": 0, "stall_s": 0.0}
+
+
+@pytest.mark.parametrize(("out", "cpu"), [("466400000000\n", 466.4), ("[not set]\n", None),
+                                          ("", None)])
+def test_the_daemons_cpu_is_systemds_account_of_its_unit(
+        monkeypatch: pytest.MonkeyPatch, out: str, cpu: float | None) -> None:
+    from bench import host as host_mod
+
+    monkeypatch.setattr(host_mod, "_run", lambda argv, timeout=0: subprocess.CompletedProcess(
+        argv, 0, out, ""))
+    h = host_mod.Host("bench.slice", "img", "/nonexistent.toml", host_mod.Log(None, quiet=True))
+    assert h.daemon_cpu_s() == cpu
