@@ -156,7 +156,8 @@ class Daemon:
         self.metrics = Metrics(engine, self.reloader)  # served when [metrics] listen is set
         self.exec = ExecOp(lambda: self.cfg, engine, self.converse)  # the compiled front's
         # ... and the runc calls of a container's life
-        self.lifecycle = LifecycleOp(lambda: self.cfg, self.sandbox_wait, self.release)
+        self.lifecycle = LifecycleOp(lambda: self.cfg, self.sandbox_wait, self.release,
+                                     engine.events.publish)
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox, "release": self.op_release,

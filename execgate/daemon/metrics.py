@@ -54,6 +54,8 @@ class Metrics:
         self.finished: Counter[str] = Counter()  # by outcome
         self.unmanaged = 0
         self.fail_open: Counter[str] = Counter()  # the runtime's, by kind (records.py)
+        # A container's lifecycle ops for the front, by (op, part): daemon, runc, waited.
+        self.lifecycle_s: Counter[tuple[str, str]] = Counter()
         self._held_since: dict[str, float] = {}
         self.started = time.time()
 
@@ -71,6 +73,10 @@ class Metrics:
             self.admitted[how] += 1
         elif kind == "finished" and event.get("call"):
             self.finished[_outcome(event)] += 1
+        elif kind == "lifecycle":
+            for part in ("daemon", "runc", "waited"):
+                self.lifecycle_s[(str(event.get("op")), part)] += float(
+                    event.get(f"{part}_s") or 0.0)
 
     def after_tick(self) -> None:
         """Hold episodes of the growth gate, begun and ended since the last tick; the
@@ -163,6 +169,10 @@ class Metrics:
         w.histogram("execgate_growth_hold_seconds", "How long each hold of a call lasted",
                     self.holds)
         self._sandboxes(w)
+        w.counter("execgate_lifecycle_seconds_total", "Time of the front's container creates, "
+                  "starts, kills and deletes: the daemon's part, runc's, and admission's wait",
+                  samples=[({"op": op, "part": part}, round(v, 3))
+                           for (op, part), v in sorted(self.lifecycle_s.items())])
         self._residency(w, swapped)
         probes = e.probes.snapshot()
         w.counter("execgate_oom_kills_total", "OOM kills the probes saw, by sandbox",
