@@ -124,11 +124,19 @@ def annotate_attempts(attempts: Sequence[dict[str, Any]],
                       events: Sequence[Mapping[str, Any]]) -> None:
     """Add `sandbox_admission` (the daemon's word on the sandbox's create: waited_s, verdict
     (admitted, or a fail-open start), its reason) to each attempt whose container it admitted,
-    in place."""
+    and `lifecycle` (per op of the front, where its time went: runc_s, waited_s, daemon_s), in
+    place."""
     verdicts = {str(e.get("sandbox")): e for e in events
                 if e.get("of") == "sandbox" and e.get("event") == "admitted"}
+    ops: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "lifecycle":
+            ops.setdefault(str(e.get("container")), {})[str(e.get("op"))] = {
+                k: e.get(k) for k in ("runc_s", "waited_s", "daemon_s")}
     for a in attempts:
         e = verdicts.get(str(a.get("container")))
         if e is not None:
             a["sandbox_admission"] = {k: e.get(k) for k in ("waited_s", "verdict", "reason",
                                                             "need", "room") if k in e}
+        if str(a.get("container")) in ops:
+            a["lifecycle"] = ops[str(a.get("container"))]

@@ -223,3 +223,15 @@ def test_an_attempt_gets_its_sandbox_admission() -> None:
     assert attempts[0]["sandbox_admission"] == {"waited_s": 62.1, "verdict": "admitted",
                                                 "reason": "nothing live", "need": 5, "room": 3}
     assert "sandbox_admission" not in attempts[1] and "sandbox_admission" not in attempts[2]
+
+
+def test_an_attempt_gets_where_its_containers_ops_spent_their_time() -> None:
+    attempts = [{"container": CID}, {"container": OTHER}]
+    events = [{"event": "lifecycle", "op": op, "container": CID, "runc_s": r, "waited_s": w,
+               "daemon_s": d} for op, r, w, d in (("create", 40.0, 0.2, 75.0),
+                                                  ("start", 30.0, 0.0, 12.5))]
+    decisions.annotate_attempts(attempts, events)
+    assert attempts[0]["lifecycle"] == {
+        "create": {"runc_s": 40.0, "waited_s": 0.2, "daemon_s": 75.0},
+        "start": {"runc_s": 30.0, "waited_s": 0.0, "daemon_s": 12.5}}
+    assert "lifecycle" not in attempts[1]
