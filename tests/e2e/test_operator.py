@@ -104,6 +104,9 @@ def test_metrics_while_a_call_runs(containers: Containers) -> None:
             assert s["execgate_budget_bytes"] > 0
             assert s["execgate_admission_wait_seconds_count"] >= 2
             assert s.get('execgate_calls_finished_total{outcome="vanished"}', 0) == 0
+            # the container's create and start went through the front: where their time went
+            assert s.get('execgate_lifecycle_seconds_total{op="create",part="runc"}', 0) > 0
+            assert 'execgate_lifecycle_seconds_total{op="start",part="daemon"}' in s
         finally:
             call.kill()
             call.wait()
