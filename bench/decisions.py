@@ -134,9 +134,10 @@ def annotate_attempts(attempts: Sequence[dict[str, Any]],
             ops.setdefault(str(e.get("container")), {})[str(e.get("op"))] = {
                 k: e.get(k) for k in ("runc_s", "waited_s", "daemon_s")}
     for a in attempts:
-        e = verdicts.get(str(a.get("container")))
+        cid = str(a.get("container"))
+        e = verdicts.get(cid)
         if e is not None:
             a["sandbox_admission"] = {k: e.get(k) for k in ("waited_s", "verdict", "reason",
                                                             "need", "room") if k in e}
-        if str(a.get("container")) in ops:
-            a["lifecycle"] = ops[str(a.get("container"))]
+        if cid in ops:
+            a["lifecycle"] = ops[cid]

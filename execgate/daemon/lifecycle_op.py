@@ -62,14 +62,6 @@ class LifecycleOp:
                                                "delete of a container")
         cid = flags.positionals[0]
         t = _Timing()
-        try:
-            return await self._handle(cfg, inv, cid, conn, t)
-        finally:
-            t.end(self.publish, inv.command, cid)
-
-    async def _handle(self, cfg: Config, inv: cli.Invocation, cid: str, conn: Conn,
-                      t: _Timing) -> dict[str, Any] | None:
-        flags = inv.command_flags()
         if inv.command == "create":
             return await self._create(cfg, inv, cid, conn, t)
         rec = None  # start's prepare reads it itself
@@ -80,8 +72,7 @@ class LifecycleOp:
                 await asyncio.to_thread(sandbox.thaw_ours, rec)
                 if rec.get("managed") and sandbox.stops(flags.positionals[1:2]):
                     self.release(cid)
-            self.done["kill"] += 1
-            t.ok = True
+            self._done("kill", cid, t)
             return protocol.reply(True, run="exec")
         if inv.command == "delete" and rec and flags.is_set("force"):
             await asyncio.to_thread(sandbox.thaw_ours, rec)  # runc kills it: nothing may delay
@@ -96,8 +87,7 @@ class LifecycleOp:
                     await asyncio.to_thread(sandbox.clean_up, cfg.state_dir, rec)
             except Exception as e:  # noqa: BLE001 - runc has run: the front exits as it did
                 log.warning("%s %s: %s: %s", inv.command, cid[:12], type(e).__name__, e)
-        self.done[inv.command] += 1
-        t.ok = True
+        self._done(inv.command, cid, t)
         return protocol.reply(True)
 
     async def _create(self, cfg: Config, inv: cli.Invocation, cid: str, conn: Conn,
@@ -120,8 +110,7 @@ class LifecycleOp:
                                     pid_file, start, log)
         if status is None:
             return None
-        self.done["create"] += 1
-        t.ok = True
+        self._done("create", cid, t)
         return protocol.reply(True)
 
     async def _admit_sandbox(self, cid: str, spec: Any, conn: Conn) -> dict[str, Any] | None:
@@ -137,6 +126,13 @@ class LifecycleOp:
             log.warning("create %s: %s", cid[:12], d.reason)
         return {"admitted": True, "verdict": verdict,
                 "waited_s": round(time.monotonic() - t0, 3), "image": msg["image"]}
+
+    def _done(self, op: str, cid: str, t: _Timing) -> None:
+        """An op that ran to its answer: counted, and where its time went on the event bus (one
+        the front gave up on says nothing)."""
+        self.done[op] += 1
+        if self.publish is not None:
+            self.publish("lifecycle", op=op, container=cid, **t.parts())
 
     async def _run_child(self, conn: Conn, t: _Timing) -> int | None:
         """runc runs as the front's child: its exit status, once the front says; None when
@@ -166,15 +162,11 @@ class _Timing:
         self.t0 = time.monotonic()
         self.runc_s = 0.0
         self.waited_s = 0.0
-        self.ok = False
 
-    def end(self, publish: Callable[..., None] | None, op: str, cid: str) -> None:
-        if publish is None or not self.ok:
-            return
-        total = time.monotonic() - self.t0
-        publish("lifecycle", op=op, container=cid, runc_s=round(self.runc_s, 3),
-                waited_s=round(self.waited_s, 3),
-                daemon_s=round(max(0.0, total - self.runc_s - self.waited_s), 3))
+    def parts(self) -> dict[str, float]:
+        ours = time.monotonic() - self.t0 - self.runc_s - self.waited_s
+        return {"runc_s": round(self.runc_s, 3), "waited_s": round(self.waited_s, 3),
+                "daemon_s": round(max(0.0, ours), 3)}
 
 
 def _bundle(path: str) -> tuple[Any, Exception | None]:

@@ -20,7 +20,7 @@ import pytest
 from test_daemon_cgfiles import _cgroup
 from test_daemon_engine import Clock, _engine
 
-from execgate.common import records
+from execgate.common import protocol, records
 from execgate.common.units import MiB
 from execgate.daemon.engine import Engine
 from execgate.daemon.main import Daemon
@@ -375,7 +375,7 @@ def test_a_peer_that_hung_up_mid_conversation_is_a_drop_not_a_daemon_error(
         await server.start()
         try:
             peer = await Peer.connect(server.path)
-            peer.writer.write(protocol_frame({"v": 1, "op": "gone"}))
+            peer.writer.write(protocol.encode({"v": 1, "op": "gone"}))
             await peer.writer.drain()
             assert await peer.at_eof()
             await peer.close()
@@ -386,11 +386,6 @@ def test_a_peer_that_hung_up_mid_conversation_is_a_drop_not_a_daemon_error(
         asyncio.run(scenario())
     assert [r.levelname for r in caplog.records] == ["WARNING"], caplog.text
     assert "client dropped" in caplog.text and "Traceback" not in caplog.text
-
-
-def protocol_frame(msg: dict[str, Any]) -> bytes:
-    body = msgpack.packb(msg)
-    return struct.pack(">I", len(body)) + body
 
 
 @pytest.mark.parametrize(("frame", "error"), [
