@@ -190,6 +190,15 @@ class Host:
         value = p.stdout.strip()
         return int(value) / 1e9 if p.returncode == 0 and value.isdigit() else None
 
+    def daemon_loop(self) -> dict[str, Any] | None:
+        """execgated's loop counters (iterations, CPU by stage, the process's CPU), or None."""
+        p = _run(["execgatectl", "status", "--json"], timeout=60)
+        try:
+            loop = (json.loads(p.stdout).get("daemon") or {}).get("loop")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+        return loop if isinstance(loop, dict) else None
+
     # -- the slice -----------------------------------------------------------------------------
 
     def docker(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

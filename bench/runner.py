@@ -376,6 +376,23 @@ def _record(a: dict[str, Any]) -> AttemptRecord:
                          a["ok"], a["oom_kills"])
 
 
+def loop_delta(before: dict[str, Any], after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What execgated's loop spent over a run: its counters' differences (None when the daemon
+    did not answer at the end, or restarted: a counter went down)."""
+    if not after:
+        return None
+    out: dict[str, Any] = {}
+    for key in ("iterations", "wall_s", "cpu_s", "process_cpu_s"):
+        if isinstance(after.get(key), (int, float)) and isinstance(before.get(key), (int, float)):
+            out[key] = round(after[key] - before[key], 3)
+    stages_before = before.get("stage_cpu_s") or {}
+    out["stage_cpu_s"] = {k: round(v - stages_before.get(k, 0.0), 3)
+                          for k, v in (after.get("stage_cpu_s") or {}).items()}
+    if any(isinstance(v, (int, float)) and v < 0 for v in out.values()):
+        return None
+    return out
+
+
 def _journal_path(cfg: dict[str, Any]) -> str:
     j = cfg.get("journal")
     return j if isinstance(j, str) and j else "/var/lib/execgate/calls.jsonl"
@@ -421,6 +438,7 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         rep.abort = abort
         counters = host.memory_counters()
         cpu_before = host.daemon_cpu_s() if scheme.daemon else None
+        loop_before = host.daemon_loop() if scheme.daemon else None
         try:
             result = rep.run()
         finally:
@@ -430,6 +448,8 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
             # execgated's own CPU over the run (memory.reclaim's compression included): under
             # TCG every core-second of it is one the engine's starts and the calls did not get.
             result["metrics"]["daemon_cpu_s"] = round(cpu_after - cpu_before, 1)
+        if loop_before is not None:
+            result["daemon_loop"] = loop_delta(loop_before, host.daemon_loop())
         # The slice's swap traffic, refaults and stall over the run, named as the simulator's.
         result["metrics"].update({k: v - counters[k] for k, v in host.memory_counters().items()})
         result["swap"] = {"on": swap, "slice_swap_max": host.swap_limit,

@@ -11,7 +11,7 @@ import pytest
 from bench import decisions, kills, replay, swap
 from bench import schemes as S
 from bench import workload as W
-from bench.runner import keep_stderr
+from bench.runner import keep_stderr, loop_delta
 from bench.sweep import build_points
 
 CID = "a" * 64
@@ -235,3 +235,15 @@ def test_an_attempt_gets_where_its_containers_ops_spent_their_time() -> None:
         "create": {"runc_s": 40.0, "waited_s": 0.2, "daemon_s": 75.0},
         "start": {"runc_s": 30.0, "waited_s": 0.0, "daemon_s": 12.5}}
     assert "lifecycle" not in attempts[1]
+
+
+def test_the_daemon_loop_over_a_run_is_the_difference_of_its_counters() -> None:
+    before = {"iterations": 10, "cpu_s": 1.0, "wall_s": 2.0, "process_cpu_s": 3.0,
+              "stage_cpu_s": {"calls": 0.5}}
+    after = {"iterations": 110, "cpu_s": 4.0, "wall_s": 6.0, "process_cpu_s": 9.0,
+             "stage_cpu_s": {"calls": 1.5, "residency": 2.0}}
+    assert loop_delta(before, after) == {
+        "iterations": 100, "wall_s": 4.0, "cpu_s": 3.0, "process_cpu_s": 6.0,
+        "stage_cpu_s": {"calls": 1.0, "residency": 2.0}}
+    assert loop_delta(before, None) is None
+    assert loop_delta(after, before) is None  # the daemon restarted mid-run
