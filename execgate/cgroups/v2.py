@@ -43,6 +43,11 @@ def read_keyed(cg: str, name: str) -> dict[str, int]:
         text = read(cg, name)
     except OSError:
         return {}
+    return parse_keyed(text)
+
+
+def parse_keyed(text: str) -> dict[str, int]:
+    """A flat-keyed file's content as a dict (lines whose value is not an integer left out)."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         key, _, val = line.partition(" ")

@@ -31,6 +31,7 @@ from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, idle_enough, plan
 
 from .events import EventBus
+from .looks import Looks
 
 log = logging.getLogger("execgated")
 
@@ -101,6 +102,7 @@ class Residency:
         self.room = 0  # bytes admission asked for (make_room) ...
         self.room_at = float("-inf")  # ... when
         self.swap_out_rate: float | None = None  # bytes/s reclaims achieved (moving average)
+        self.looks = Looks(clock)  # the sandboxes' memory files, read at most once a second
 
     # -- admission's hook ----------------------------------------------------------------------
 
@@ -170,7 +172,7 @@ class Residency:
         if box is None:
             return 0, 0
         init = container.init_leaf(box.cgroup)
-        stat = v2.read_keyed(init, "memory.stat")
+        stat = self.looks.keyed(init, "memory.stat")
         if not stat:
             return 0, 0
         quiet = self._init_quiet(box, init)
@@ -223,12 +225,12 @@ class Residency:
         box = self.boxes.get(cid)
         if box is None or box.reclaimed or cid in (set(self.busy()) if busy is None else busy):
             return 0, 0
-        stat = v2.read_keyed(box.cgroup, "memory.stat")
+        stat = self.looks.keyed(box.cgroup, "memory.stat")
         if not stat:
             return 0, 0
         anon = min(stat.get("anon", 0), self._swap_room(box, host_free))
         if current is None:
-            current = v2.read_int(box.cgroup, "memory.current") or 0
+            current = self.looks.int(box.cgroup, "memory.current") or 0
         moved = max(min(stat.get("file", 0) + anon, current - self.cfg.keep_bytes), 0)
         file = min(stat.get("file", 0), moved)
         return (freed_bytes(file, moved - file, kept) if kept else moved), moved - file
@@ -237,12 +239,9 @@ class Residency:
         free = self.swap_free() if host_free is None else host_free
         init = container.init_leaf(box.cgroup)
         for cg in (box.cgroup, init):
-            try:
-                limit = v2.read(cg, "memory.swap.max").strip()
-            except OSError:
-                continue  # no swap accounting: the host's free swap is the bound
-            if limit.isdigit():
-                used = v2.read_int(cg, "memory.swap.current") or 0
+            limit = (self.looks.text(cg, "memory.swap.max") or "").strip()
+            if limit.isdigit():  # else none set, or no swap accounting: the host's free swap
+                used = self.looks.int(cg, "memory.swap.current") or 0
                 free = min(free, max(int(limit) - used, 0))
         return free
 
@@ -260,6 +259,7 @@ class Residency:
         if box is None:
             return
         box.mark_active(now)
+        self.looks.forget(box.cgroup, container.init_leaf(box.cgroup))  # its memory moves now
         if box.frozen:
             self._thaw(box, "a tool call")
 
@@ -294,6 +294,9 @@ class Residency:
         done = self.last_reclaim
         if done is not None and not done["published"] and not self.worker_alive():
             done["published"] = True
+            box = self.boxes.get(done["container"])
+            if box is not None:  # what it holds and has in swap has just changed
+                self.looks.forget(box.cgroup, container.init_leaf(box.cgroup))
             self.events.publish("residency", action="reclaimed", container=done["container"],
                                 asked=done["asked"], reclaimed=done["reclaimed"],
                                 seconds=done["seconds"], error=done["error"])
@@ -324,7 +327,7 @@ class Residency:
                 and not box.reclaimed
             memory = can = 0
             if candidate:
-                memory = v2.read_int(box.cgroup, "memory.current") or 0
+                memory = self.looks.int(box.cgroup, "memory.current") or 0
                 host_free = self.swap_free() if host_free is None else host_free
                 can = self.reclaimable_bytes(box.cid, active, host_free, memory)
             views.append(SandboxView(box.cid, idle, memory, box.freezable, box.frozen,
@@ -440,6 +443,8 @@ class Residency:
                                       active=cid in self.activity)
         for cid in set(self.boxes) - seen:
             del self.boxes[cid]
+        self.looks.keep_only({cg for b in self.boxes.values()
+                              for cg in (b.cgroup, container.init_leaf(b.cgroup))})
         for cid in set(self.activity) - seen:
             del self.activity[cid]
 

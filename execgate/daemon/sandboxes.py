@@ -102,6 +102,7 @@ class Box:
     called: bool = False  # a tool call has come: what it holds now includes calls' leftovers
     call_peak: int | None = None  # the largest tool-call peak seen in it
     call_area: float = 0.0  # its calls' peak x duration, summed: its call load over its life
+    peak_at: float = -math.inf  # its init's memory.peak, last read
     measured_at: float = -math.inf  # its memory.current and memory.stat, last read
 
 
@@ -333,7 +334,10 @@ class Sandboxes:
         daemon): a call's own bytes would count as the sandbox's. At most once per RESCAN_S
         per sandbox (rescans run every period while a create waits), and memory.stat only when
         memory.current could raise the baseline (at 1,000 sandboxes: nearly never)."""
-        peak = v2.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
+        peak = 0
+        if now - box.peak_at >= RESCAN_S:  # a high-water mark read later misses nothing
+            box.peak_at = now
+            peak = v2.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
         unasked = False  # a call the daemon was not asked about runs in it
         if not in_call and now - box.measured_at >= RESCAN_S:
             box.measured_at = now

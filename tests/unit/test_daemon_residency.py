@@ -319,3 +319,43 @@ def test_idle_sandboxes_share_the_free_swap_in_what_they_can_give(
     step(res, BUDGET)
     assert res.pushable() == (10 + 10 + 120) * MiB  # together: the swap's 120 MiB once
     assert res.reclaimable_bytes("a") == res.reclaimable_bytes("b") == 110 * MiB  # each alone
+
+
+def test_an_idle_sandboxs_memory_stat_is_read_once_a_second_however_often_it_is_asked(
+        tmp_path: Path, monkeypatch: object) -> None:
+    """While a create waited, every period asked each sandbox what it could give three times
+    (idle room, sandbox admission, residency), each a memory.stat read: under TCG 148 s of an
+    869-second run's daemon CPU. Once a second is enough for an idle sandbox; a call starting
+    in it, or its reclaim, makes the next ask read afresh."""
+    from execgate.cgroups import v2
+    from execgate.daemon import idle_sandboxes
+
+    monkeypatch.setattr(idle_sandboxes.meminfo, "read", lambda: {"SwapFree": 1 << 30})
+    reads: list[str] = []
+    real_read = v2.read
+
+    def counted(cg: str, name: str) -> str:
+        if name == "memory.stat":
+            reads.append(cg)
+        return real_read(cg, name)
+
+    monkeypatch.setattr(v2, "read", counted)
+    clock = Clock()
+    cg = sandbox(tmp_path, "a")
+    (cg / "memory.stat").write_text(f"anon {100 * MiB}\nfile {10 * MiB}\n")
+    res, _ = residency(tmp_path, clock, idle_after_s=600.0, keep_bytes=0)
+    step(res, BUDGET)
+    for _ in range(10):  # ten periods of 100 ms, three asks each
+        clock.t += 0.1
+        assert res.pushable() == res.reclaimable_bytes("a") == 110 * MiB
+        res.pushable()
+    assert len(reads) == 1
+    (cg / "memory.stat").write_text(f"anon {300 * MiB}\nfile {10 * MiB}\n")
+    (cg / "memory.current").write_text(f"{400 * MiB}\n")
+    clock.t += 0.2  # a second after the first look: read again
+    assert res.reclaimable_bytes("a") == 310 * MiB and len(reads) == 2
+    res.touch("a")  # a call starts: busy, nothing to give
+    assert res.reclaimable_bytes("a", busy=set()) == 310 * MiB and len(reads) == 3
+    (cg / "memory.stat").write_text(f"anon {20 * MiB}\nfile {10 * MiB}\n")
+    res.touch("a")  # and ends: what it left is read at the next ask, not a second later
+    assert res.reclaimable_bytes("a", busy=set()) == 30 * MiB and len(reads) == 4
