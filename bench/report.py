@@ -155,8 +155,18 @@ def _why_row(run: dict[str, Any]) -> list[str]:
         _num(reclaimed / MiB, "{:.0f}") if daemon else "–",
         _num(sw.get("swap_peak_bytes", 0) / MiB, "{:.0f}") if sw.get("on") else "off",
         _num(_zram_ratio(run), "{:.2f}") if sw.get("on") else "–",
-        _num(m.get("daemon_cpu_s"), "{:.0f}") if daemon else "–",
+        _daemon_cpu(m.get("daemon_cpu_s"), run.get("daemon_loop")) if daemon else "–",
     ]
+
+
+def _daemon_cpu(total: float | None, loop: dict[str, Any] | None) -> str:
+    """execgated's CPU over the run, and its control loop's with the stage that spent most."""
+    out = _num(total, "{:.0f}")
+    stages = (loop or {}).get("stage_cpu_s") or {}
+    if loop and loop.get("cpu_s") is not None and stages:
+        top = max(stages, key=stages.__getitem__)
+        out += f" (loop {loop['cpu_s']:.0f}; {top} {stages[top]:.0f})"
+    return out
 
 
 def _table(rows: list[list[str]], header: Sequence[str]) -> str:

@@ -209,3 +209,7 @@ def test_the_why_table_says_the_daemons_own_cpu(results: dict[str, Any]) -> None
     assert header.split("|")[-2].strip() == "daemon CPU s"
     cells = {r.split("|")[1].strip(): r.split("|")[-2].strip() for r in rows}
     assert cells == {"eager": "–", "static (K=2)": "–", "execgate": "466"}
+    run["daemon_loop"] = {"cpu_s": 218.4, "stage_cpu_s": {"sandboxes": 101.9, "growth": 32.2}}
+    why = report.markdown(results).split("## ")[1].split("Why (")[1]
+    rows = [line for line in why.splitlines() if line.startswith("| ")][1:]
+    assert rows[-1].split("|")[-2].strip() == "466 (loop 218; sandboxes 102)"
