@@ -44,7 +44,6 @@ class SimResidency:
         self.room = 0
         self.room_at = -math.inf
         self.swap_out_rate: float | None = None
-        self.last_pushable = 0
         self.asks = 0  # make_room calls with a positive ask
 
     def swap_room(self) -> float:
@@ -96,7 +95,6 @@ class SimResidency:
                             else self.reclaimable_parts(b, busy, room, kept))
             total += got
             room = max(room - swapped, 0)
-        self.last_pushable = total
         return total
 
     def swap_out_bytes_per_s(self, configured: float) -> float:
@@ -108,13 +106,10 @@ class SimResidency:
         if nbytes >= RATE_MIN_BYTES:
             self.swap_out_rate = self.domain.config.swap_bandwidth_bps
 
-    def make_room(self, nbytes: int) -> int:
-        """As the daemon's: the ask holds for ROOM_TTL_S unless renewed. Returns the pushable
-        bytes last measured (the daemon measures them here; nothing in its callers uses it, and
-        measuring 1,000 sandboxes on every step is what the simulator cannot afford)."""
+    def make_room(self, nbytes: int) -> None:
+        """As the daemon's: the ask holds for ROOM_TTL_S unless renewed; nothing measured."""
         self.room, self.room_at = max(int(nbytes), 0), self.clock()
         self.asks += self.room > 0
-        return self.last_pushable
 
     def room_wanted(self) -> int:
         if self.room and self.clock() - self.room_at > ROOM_TTL_S:

@@ -9,7 +9,8 @@ it runs in a worker thread, one sandbox at a time; the control loop never waits 
 The action boundary (a call has ended: the agent waits on its model) is seen here, not told: a
 sandbox touched by a call's start or end that no longer has a call running or waiting has just
 ended one. Admission that needs room (a new sandbox, a call that does not fit) asks through
-`make_room`, which acts at the next control period and says what idle sandboxes could give.
+`make_room`, which acts at the next control period (`pushable` says what idle sandboxes could
+give).
 """
 
 from __future__ import annotations
@@ -106,14 +107,15 @@ class Residency:
 
     # -- admission's hook ----------------------------------------------------------------------
 
-    def make_room(self, nbytes: int) -> int:
+    def make_room(self, nbytes: int) -> None:
         """Admission needs ``nbytes`` more (a sandbox or call waiting for room): idle sandboxes
         give memory back from the next control period on, the longest idle first and each once
-        per idle period, whatever the pressure. Returns what they could give now (0: waiting
-        on reclaim will not help). An ask lapses unless renewed within ROOM_TTL_S; 0 withdraws
-        it. Cheap enough to call every period while something waits."""
+        per idle period, whatever the pressure (`pushable` says what they could give). An ask
+        lapses unless renewed within ROOM_TTL_S; 0 withdraws it. Cheap enough to call every
+        period while something waits: it measures nothing, and rescans the records at most
+        every RESCAN_S."""
         self.room, self.room_at = max(int(nbytes), 0), self.clock()
-        return self.pushable()
+        self._rescan()
 
     def pushable(self, cold: bool = False) -> int:
         """What idle sandboxes could give back now (each `reclaimable_bytes`), without asking;

@@ -56,6 +56,7 @@ from execgate.policy.sandbox_admission import (
     Verdict,
 )
 
+from .cgfiles import KeptFiles
 from .events import EventBus
 from .idle_sandboxes import Residency
 
@@ -122,6 +123,9 @@ class Sandboxes:
         self.events = events
         self.clock = clock
         self.policy = SandboxAdmission(cfg, clock)
+        # each sandbox's memory.current, read every period while a create waits: a pread on a
+        # kept descriptor, not an open, a read and a close each (cgfiles.py)
+        self.files = KeptFiles()
         self.index = records.ContainerIndex(state_dir)
         self.boxes: dict[str, Box] = {}
         self.waiting: dict[str, tuple[dict[str, Any], asyncio.Future[SandboxDecision]]] = {}
@@ -265,7 +269,7 @@ class Sandboxes:
         live, total = [], 0
         free, kept = res.swap_free(), res.swap_kept()  # once for every sandbox below
         for box in self.boxes.values():
-            mem = v2.read_int(box.cgroup, "memory.current")
+            mem = self.files.read_int(box.cgroup, "memory.current")
             if mem is None:
                 continue  # gone: its record goes at the next rescan
             total += mem
@@ -312,11 +316,14 @@ class Sandboxes:
                 box.called = cid in self._called_early or cid in in_call or born < self._born
                 self._called_early.discard(cid)
                 self.policy.live(cid, box.image)  # started before this daemon: its load counts
-            box.cgroup = cg  # a restarted container may have a new one
+            if box.cgroup != cg:  # a restarted container may have a new one
+                self.files.forget(box.cgroup)
+                box.cgroup = cg
             self._measure(box, cid in in_call, now)
         self._called_early &= seen  # a create that never came to be
         for cid in set(self.boxes) - seen:
             box = self.boxes.pop(cid)
+            self.files.forget(box.cgroup)
             life = now - box.created
             load = int(box.call_area / life) if box.call_peak is not None and life > 0 else None
             self.policy.finished(cid, box.image, box.baseline or None, box.call_peak, load,
