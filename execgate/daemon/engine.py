@@ -184,7 +184,6 @@ class Engine:
         self.idle_room = IdleRoom(settings.headroom, self.residency, clock)  # for calls
         self.swap_credit = SwapCredit(settings.headroom)
         self.credit = 0  # of this step's swap room, the bytes counted as available
-        self._kept = (float("-inf"), 0.0)  # (when read, zswap's kept share)
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
         self.sampled_at = float("-inf")
@@ -434,9 +433,7 @@ class Engine:
             return 0
         free = s.swap_free
         now = self.clock()
-        if free and now - self._kept[0] >= 1.0:  # zswap's share, read once a second
-            self._kept = (now, self.residency.swap_kept())
-        kept = self._kept[1] if free else 0.0
+        kept = self.residency.swap_kept() if free else 0.0  # zswap's share, once a second
         margin = effective_margin(self.settings.pressure, s.budget)
         return self.swap_credit.credit(now, swap_room(free, kept, margin))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import threading
 import time
@@ -32,7 +33,7 @@ from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, idle_enough, plan
 
 from .events import EventBus
-from .looks import Looks
+from .looks import LOOK_S, Looks
 
 log = logging.getLogger("execgated")
 
@@ -104,6 +105,8 @@ class Residency:
         self.room_at = float("-inf")  # ... when
         self.swap_out_rate: float | None = None  # bytes/s reclaims achieved (moving average)
         self.looks = Looks(clock)  # the sandboxes' memory files, read at most once a second
+        self._meminfo_at: tuple[float, dict[str, int]] = (-math.inf, {})  # when, what it said
+        self._kept = (-math.inf, 0.0)  # swap_kept: when, what
 
     # -- admission's hook ----------------------------------------------------------------------
 
@@ -132,30 +135,34 @@ class Residency:
             free = max(free - swapped, 0)
         return total
 
-    @staticmethod
-    def swap_free() -> int:
-        """The host's free swap (0 when unknown), read once for a pass over the sandboxes."""
-        try:
-            return meminfo.read().get("SwapFree", 0)
-        except (OSError, ValueError):
-            return 0
+    def swap_free(self) -> int:
+        """The host's free swap (0 when unknown), as /proc/meminfo said within LOOK_S."""
+        return self._meminfo().get("SwapFree", 0)
 
-    @staticmethod
-    def swap_kept() -> float:
+    def swap_kept(self) -> float:
         """The share of a swapped-out byte still charged to its cgroup (`swap_kept_share`:
-        zswap's compressed copy; 0 for zram and disk swap), read once for a pass."""
+        zswap's compressed copy; 0 for zram and disk swap), as seen within LOOK_S."""
+        now = self.clock()
+        if now - self._kept[0] < LOOK_S:
+            return self._kept[1]
         try:
             with open(ZSWAP_ENABLED) as f:
                 zswap = f.read().strip() in ("Y", "1")
         except OSError:
-            return 0.0
-        if not zswap:
-            return 0.0
-        try:
-            info = meminfo.read()
-        except (OSError, ValueError):
-            info = {}
-        return swap_kept_share(True, info.get("Zswap"), info.get("Zswapped"))
+            zswap = False
+        info = self._meminfo() if zswap else {}
+        kept = swap_kept_share(True, info.get("Zswap"), info.get("Zswapped")) if zswap else 0.0
+        self._kept = (now, kept)
+        return kept
+
+    def _meminfo(self) -> dict[str, int]:
+        now = self.clock()
+        if now - self._meminfo_at[0] >= LOOK_S:
+            try:
+                self._meminfo_at = (now, meminfo.read())
+            except (OSError, ValueError):
+                self._meminfo_at = (now, {})
+        return self._meminfo_at[1]
 
     def cold_bytes(self, cid: str, host_free: int | None = None, kept: float = 0.0) -> int:
         """An active sandbox's cold pages, what the kernel swaps out first when a call beside

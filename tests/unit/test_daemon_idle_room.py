@@ -123,10 +123,14 @@ def test_under_zswap_a_push_counts_what_it_frees_not_what_it_moves(tmp_path: Pat
     enabled.write_text("Y\n")
     info = {"SwapFree": 1 << 30}
     monkeypatch.setattr(idle_sandboxes.meminfo, "read", lambda: info)  # type: ignore
+    bed.clock.t += 1  # what it saw is a second old: looked at again
     assert res.swap_kept() == 1 / 3  # nothing in zswap yet: the assumed 3:1
     info.update(Zswap=25 * MiB, Zswapped=100 * MiB)
+    assert res.swap_kept() == 1 / 3  # within the second: as seen
+    bed.clock.t += 1
     assert res.swap_kept() == 0.25  # measured: 4:1
     info.pop("Zswap")
+    bed.clock.t += 1
     kept = 1 / 3
     assert res.cold_bytes("busy", 1 << 30) == 99 * MiB
     assert res.cold_bytes("busy", 1 << 30, kept) == 66 * MiB
