@@ -7,6 +7,8 @@ Read every control period, so it is a handful of preads on descriptors kept open
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from execgate.common import meminfo
@@ -14,6 +16,7 @@ from execgate.common import meminfo
 from .cgfiles import KeptFiles, parse_key
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+REFAULTS_EVERY_S = 0.5  # the refault counter is read this often (swap_credit: over 2 s)
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ class DomainSample:
     # 0 without swap, None unknown. The last resort fires only once it is (nearly) gone.
     swap_free: int | None = None
     # Cumulative bytes of anonymous memory that came back from swap soon after it left
-    # (workingset_refault_anon): a working set in swap (policy/swap_credit.py). None unknown.
+    # (workingset_refault_anon): a working set in swap (policy/swap_credit.py). None unknown,
+    # or not read this period (REFAULTS_EVERY_S).
     refault_bytes: int | None = None
 
 
@@ -47,12 +51,15 @@ def psi_some_avg10(data: bytes | None) -> float | None:
 class Domain:
     """A cgroup domain that does not exist (yet) is measured as the host until it appears."""
 
-    def __init__(self, spec: str, budget_override: int = 0) -> None:
+    def __init__(self, spec: str, budget_override: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
+        self.clock = clock
         self.cgroup = None if spec == "host" else spec
         self.budget_override = budget_override
         self.files = KeptFiles(max_open=8)
         self._swap_free: int | None = None
+        self._refaults_at = float("-inf")
 
     def describe(self) -> str:
         if self.cgroup is None:
@@ -98,7 +105,14 @@ class Domain:
                             self._cgroup_swap_free(), self._refaults(self.cgroup, "memory.stat"))
 
     def _refaults(self, directory: str, name: str) -> int | None:
-        """workingset_refault_anon of /proc/vmstat or a cgroup's memory.stat, in bytes."""
+        """workingset_refault_anon of /proc/vmstat or a cgroup's memory.stat, in bytes; None
+        within REFAULTS_EVERY_S of the last read (a memory.stat read flushes the whole
+        domain's statistics: under TCG the costliest file of a period, and the refault rate
+        is taken over seconds)."""
+        now = self.clock()
+        if now - self._refaults_at < REFAULTS_EVERY_S:
+            return None
+        self._refaults_at = now
         data = self.files.read(directory, name, absent_for_good=True)
         pages = parse_key(data, "workingset_refault_anon") if data else None
         return None if pages is None else pages * _PAGE

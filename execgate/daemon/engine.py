@@ -153,7 +153,7 @@ class Engine:
         self.cfg = cfg
         self.settings = settings
         self.clock = clock
-        self.domain = Domain(settings.daemon.domain, settings.daemon.budget_bytes)
+        self.domain = Domain(settings.daemon.domain, settings.daemon.budget_bytes, clock)
         self.predictor = Predictor(settings.predictor, cfg.path, clock)  # loaded at a tick
         self.estimator = HistoryEstimator(
             settings.estimate, model=self.predictor if settings.predictor.enabled else None)

@@ -317,13 +317,13 @@ class Sandboxes:
                 self._called_early.discard(cid)
                 self.policy.live(cid, box.image)  # started before this daemon: its load counts
             if box.cgroup != cg:  # a restarted container may have a new one
-                self.files.forget(box.cgroup)
+                self._forget(box.cgroup)
                 box.cgroup = cg
             self._measure(box, cid in in_call, now)
         self._called_early &= seen  # a create that never came to be
         for cid in set(self.boxes) - seen:
             box = self.boxes.pop(cid)
-            self.files.forget(box.cgroup)
+            self._forget(box.cgroup)
             life = now - box.created
             load = int(box.call_area / life) if box.call_peak is not None and life > 0 else None
             self.policy.finished(cid, box.image, box.baseline or None, box.call_peak, load,
@@ -334,8 +334,7 @@ class Sandboxes:
                                 baseline=box.baseline, start=box.start, call_peak=box.call_peak,
                                 call_load=load)
 
-    @staticmethod
-    def _measure(box: Box, in_call: bool, now: float) -> None:
+    def _measure(self, box: Box, in_call: bool, now: float) -> None:
         """Its baseline so far (module docstring). Between calls only — none the daemon knows
         of, none running unadmitted in a tool cgroup (a runtime that could not reach the
         daemon): a call's own bytes would count as the sandbox's. At most once per RESCAN_S
@@ -344,11 +343,11 @@ class Sandboxes:
         peak = 0
         if now - box.peak_at >= RESCAN_S:  # a high-water mark read later misses nothing
             box.peak_at = now
-            peak = v2.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
+            peak = self.files.read_int(container.init_leaf(box.cgroup), "memory.peak") or 0
         unasked = False  # a call the daemon was not asked about runs in it
         if not in_call and now - box.measured_at >= RESCAN_S:
             box.measured_at = now
-            mem = v2.read_int(box.cgroup, "memory.current")
+            mem = self.files.read_int(box.cgroup, "memory.current")
             if mem is not None and mem > max(box.baseline, peak):
                 unasked = any(v2.populated(t) for t in container.tool_cgroups(box.cgroup))
                 if not unasked:
@@ -362,6 +361,11 @@ class Sandboxes:
             box.start = max(box.start, peak)
         box.called = box.called or unasked
         box.baseline = max(box.baseline, peak)
+
+    def _forget(self, cg: str) -> None:
+        """Close the descriptors kept for a sandbox's cgroup and its init leaf."""
+        self.files.forget(cg)
+        self.files.forget(container.init_leaf(cg))
 
     # -- views ---------------------------------------------------------------------------------
 

@@ -242,14 +242,19 @@ def test_the_runtimes_fail_open_events_are_counted_and_logged(
     from execgate.common import records
 
     _, eng = _engine(tmp_path)
-    metrics = Metrics(eng)
+    now = [100.0]
+    metrics = Metrics(eng, clock=lambda: now[0])
     state = eng.cfg.state_dir
     records.note_fail_open(state, "handler-error", "c1", "create: KeyError: 'linux'")
     records.note_fail_open(state, "not-prepared", "c2", "/sys/fs/cgroup/x lacks init/")
     with caplog.at_level(logging.WARNING, logger="execgated"):
         metrics.after_tick()  # set aside
         records.note_fail_open(state, "no-exec-cgroup", "c3", "crun has no `exec --cgroup`")
+        metrics.after_tick()  # within the second: not looked at
+        assert sum(metrics.fail_open.values()) == 0
+        now[0] += 1
         metrics.after_tick()  # the first two counted
+        now[0] += 1
         metrics.after_tick()  # the third
     s = _samples(_text(metrics))
     assert s['execgate_runtime_fail_open_total{kind="handler-error"}'] == 1
