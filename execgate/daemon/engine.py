@@ -166,7 +166,7 @@ class Engine:
         self.retention = Retention(settings.retention, cfg.journal, cfg.state_dir, self.store,
                                    self.journal)
         self.events = EventBus()
-        self.files = KeptFiles()  # running calls' cgroup files, read every period
+        self.files = KeptFiles()  # running calls' and sandboxes' cgroup files, read every period
         self.growth = GrowthGate(settings.growth, settings.daemon.gate, clock, self.files,
                                  settings.pressure, cfg.tool_oom_score_adj)
         self.calls: dict[str, LiveCall] = {}  # admitted (or adopted) and not yet finished
@@ -180,7 +180,7 @@ class Engine:
         # Creates waiting for room (policy/sandbox_admission.py), and the domain's sandboxes.
         domain = None if settings.daemon.domain == "host" else settings.daemon.domain
         self.sandboxes = Sandboxes(settings.sandboxes, self.residency, cfg.state_dir, domain,
-                                   self.events, clock, settings.headroom)
+                                   self.events, clock, settings.headroom, self.files)
         self.idle_room = IdleRoom(settings.headroom, self.residency, clock)  # for calls
         self.swap_credit = SwapCredit(settings.headroom)
         self.credit = 0  # of this step's swap room, the bytes counted as available
@@ -311,9 +311,9 @@ class Engine:
         """One control period, stage by stage: a stage that raises (a full store, a cgroup file
         gone mid-read) is logged and counted, and the others still run: the gate, residency
         and vanished calls never wait on the history (issue 21, item 9)."""
-        wall, cpu = time.perf_counter(), time.thread_time()
+        wall = time.perf_counter()
+        cpu = before = time.thread_time()
         try:
-            before = cpu
             for name, stage in self._stages:
                 try:
                     stage()
@@ -323,7 +323,7 @@ class Engine:
                 self.loop.add_stage(name, now - before)
                 before = now
         finally:
-            self.loop.add(time.perf_counter() - wall, time.thread_time() - cpu)
+            self.loop.add(time.perf_counter() - wall, before - cpu)  # the last stage's end
 
     @property
     def _stages(self) -> tuple[tuple[str, Callable[[], None]], ...]:

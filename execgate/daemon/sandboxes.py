@@ -113,7 +113,7 @@ class Sandboxes:
     def __init__(self, cfg: SandboxAdmissionConfig, residency: Residency, state_dir: str,
                  domain: str | None, events: EventBus,
                  clock: Callable[[], float] = time.monotonic,
-                 headroom: HeadroomConfig | None = None) -> None:
+                 headroom: HeadroomConfig | None = None, files: KeptFiles | None = None) -> None:
         self.cfg = cfg
         # [headroom]: count_cold (an active sandbox's cold pages are pushable) and the
         # swap-out bandwidth assumed before reclaims here measured it
@@ -124,8 +124,9 @@ class Sandboxes:
         self.clock = clock
         self.policy = SandboxAdmission(cfg, clock)
         # each sandbox's memory.current, read every period while a create waits: a pread on a
-        # kept descriptor, not an open, a read and a close each (cgfiles.py)
-        self.files = KeptFiles()
+        # kept descriptor, not an open, a read and a close each (cgfiles.py); the engine's,
+        # so that one bound covers every descriptor the daemon keeps
+        self.files = KeptFiles() if files is None else files
         self.index = records.ContainerIndex(state_dir)
         self.boxes: dict[str, Box] = {}
         self.waiting: dict[str, tuple[dict[str, Any], asyncio.Future[SandboxDecision]]] = {}
