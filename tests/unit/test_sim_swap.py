@@ -228,3 +228,53 @@ def test_hot_protection_zero_takes_hot_pages_beside_cold_ones() -> None:
         assert (call.swapped > 0) is hot_gives and idle.swapped > 0
     with pytest.raises(ValueError):
         MemoryConfig(hot_protection=1.5)
+
+
+def _plateau_call(domain: Domain, name: str, mib: float, at: float = 0.0) -> SimCall:
+    box = SimBox(name, 0)
+    domain.add_box(box)
+    call = SimCall(f"{name}/1", box, MemoryProfile(int(mib * MiB), int(mib * MiB), "plateau",
+                                                   0.0, 0.0, 0), 100.0, 0, started=at, last=at)
+    domain.start_call(call)
+    return call
+
+
+def _periods(domain: Domain, n: int, t0: float = 0.0, dt: float = 0.1) -> list:
+    kills = []
+    for k in range(1, n + 1):
+        t = t0 + k * dt
+        domain.advance(t, dt)
+        kills += domain.enforce(t, dt)
+        domain.end_period(dt)
+    return kills
+
+
+def test_a_kill_frees_swap_for_the_charges_that_wait() -> None:
+    """The kernel kills for one charge at a time: the victim's swap slots free, the other
+    charges wait on reclaim again. The simulator killed on until the period's whole growth fit
+    (14 calls in one period at the 15x burst, 139 kills against the VM's 69)."""
+    cfg = MemoryConfig(swap=True, zram=True, swap_bandwidth_bps=5 * MiB,
+                       swap_max_bytes=70 * MiB)
+    domain = Domain(100 * MiB, cfg)
+    idle = SimBox("idle", 80 * MiB)
+    domain.add_box(idle)
+    domain.reclaim("idle", 70 * MiB)
+    domain.step_reclaim(20.0)
+    assert idle.swapped == 70 * MiB  # swap full
+    x, y = _plateau_call(domain, "x", 60), _plateau_call(domain, "y", 60)
+    kills = _periods(domain, 50)
+    assert [(k.box, k.call) for k in kills] == [("idle", None)]  # the largest, and only it
+    assert x.level == y.level == 60 * MiB and domain.usage() <= domain.budget + 1
+
+
+def test_swap_full_but_for_a_residue_is_full() -> None:
+    """Swap within a float's residue of swap.max has no room: the growing calls met the OOM
+    killer, where they stalled on reclaim for ever (a livelock: nothing moved, nothing died)."""
+    cfg = MemoryConfig(swap=True, zram=True, swap_bandwidth_bps=5 * MiB,
+                       swap_max_bytes=60 * MiB)
+    domain = Domain(100 * MiB, cfg)
+    _plateau_call(domain, "v", 70)
+    x, y = _plateau_call(domain, "x", 60, at=1.0), _plateau_call(domain, "y", 60, at=1.0)
+    kills = _periods(domain, 400)
+    assert [k.call for k in kills] == ["v/1"]
+    assert x.level == y.level == 60 * MiB
