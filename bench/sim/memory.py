@@ -38,7 +38,8 @@ What is modelled, and why each piece is there:
   kernel kills the process of highest badness = resident + swapped bytes + oom_score_adj/1000 of
   the limit, and with memory.oom.group a tool call's cgroup dies whole. A sandbox's init is a
   candidate like any call: killed, the sandbox dies with everything in it (the VM sweep's
-  `sandbox-oom`).
+  `sandbox-oom`). One victim at a time: what it had in swap is room again, and the charges
+  still over the limit go back to waiting on reclaim before anyone else is killed.
 
 Stdlib only; the simulator (bench/sim/run.py) owns time and calls `tick`.
 """
