@@ -541,15 +541,15 @@ class Domain:
             # again, so the other charges go back to waiting on reclaim. Killing on until
             # the whole period's growth fit killed 14 calls in one period where the VM lost
             # a few (the 15x burst, eager+swap: 139 kills against 69).
-            if over > SLACK and self.config.swap:
-                over = self._reclaim_directly(over, dt)
+            over = self._reclaim_directly(over, dt)
         return kills
 
     def _reclaim_directly(self, over: float, dt: float) -> float:
         """What the period's swap-out left over the limit, after direct reclaim: the calls
         that grew wait (`_stall`), and the rest (a sandbox's baseline arriving, shmem) waits
         while the coldest pages leave, beyond the period's bandwidth (untimed)."""
-        if over <= SLACK or not self.config.direct_reclaim or not self._swappable():
+        cfg = self.config
+        if over <= SLACK or not (cfg.swap and cfg.direct_reclaim) or not self._swappable():
             return over
         cut = self._stall(over)
         over -= cut

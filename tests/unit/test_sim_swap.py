@@ -24,19 +24,26 @@ def _domain(budget_mib: float, out_mib_s: float = 1024, in_mib_s: float | None =
 
 
 def _call(domain: Domain, box: SimBox, hot: bool, duration: float = 10.0,
-          profile: MemoryProfile = PLATEAU) -> SimCall:
-    call = SimCall(f"{box.id}/1", box, profile, duration, 0, started=0.0, last=0.0, hot=hot)
+          profile: MemoryProfile = PLATEAU, at: float = 0.0) -> SimCall:
+    call = SimCall(f"{box.id}/1", box, profile, duration, 0, started=at, last=at, hot=hot)
     domain.start_call(call)
     return call
 
 
-def _run(domain: Domain, ticks: int, dt: float = 0.1, t0: float = 0.0) -> float:
-    t = t0
+def _periods(domain: Domain, ticks: int, dt: float = 0.1, t0: float = 0.0) -> tuple[float, list]:
+    """`ticks` periods from t0: the time reached, and the OOM kills on the way."""
+    t, kills = t0, []
     for _ in range(ticks):
         t += dt
         domain.advance(t, dt)
-        assert not domain.enforce(t, dt)
+        kills += domain.enforce(t, dt)
         domain.end_period(dt)
+    return t, kills
+
+
+def _run(domain: Domain, ticks: int, dt: float = 0.1, t0: float = 0.0) -> float:
+    t, kills = _periods(domain, ticks, dt, t0)
+    assert not kills
     return t
 
 
@@ -233,20 +240,8 @@ def test_hot_protection_zero_takes_hot_pages_beside_cold_ones() -> None:
 def _plateau_call(domain: Domain, name: str, mib: float, at: float = 0.0) -> SimCall:
     box = SimBox(name, 0)
     domain.add_box(box)
-    call = SimCall(f"{name}/1", box, MemoryProfile(int(mib * MiB), int(mib * MiB), "plateau",
-                                                   0.0, 0.0, 0), 100.0, 0, started=at, last=at)
-    domain.start_call(call)
-    return call
-
-
-def _periods(domain: Domain, n: int, t0: float = 0.0, dt: float = 0.1) -> list:
-    kills = []
-    for k in range(1, n + 1):
-        t = t0 + k * dt
-        domain.advance(t, dt)
-        kills += domain.enforce(t, dt)
-        domain.end_period(dt)
-    return kills
+    profile = MemoryProfile(int(mib * MiB), int(mib * MiB), "plateau", 0.0, 0.0, 0)
+    return _call(domain, box, hot=False, duration=100.0, profile=profile, at=at)
 
 
 def test_a_kill_frees_swap_for_the_charges_that_wait() -> None:
@@ -262,7 +257,7 @@ def test_a_kill_frees_swap_for_the_charges_that_wait() -> None:
     domain.step_reclaim(20.0)
     assert idle.swapped == 70 * MiB  # swap full
     x, y = _plateau_call(domain, "x", 60), _plateau_call(domain, "y", 60)
-    kills = _periods(domain, 50)
+    _, kills = _periods(domain, 50)
     assert [(k.box, k.call) for k in kills] == [("idle", None)]  # the largest, and only it
     assert x.level == y.level == 60 * MiB and domain.usage() <= domain.budget + 1
 
@@ -275,6 +270,6 @@ def test_swap_full_but_for_a_residue_is_full() -> None:
     domain = Domain(100 * MiB, cfg)
     _plateau_call(domain, "v", 70)
     x, y = _plateau_call(domain, "x", 60, at=1.0), _plateau_call(domain, "y", 60, at=1.0)
-    kills = _periods(domain, 400)
+    _, kills = _periods(domain, 400)
     assert [k.call for k in kills] == ["v/1"]
     assert x.level == y.level == 60 * MiB
