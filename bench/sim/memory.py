@@ -29,10 +29,11 @@ What is modelled, and why each piece is there:
   push out takes the LRU's order, hot pages included (thrash). Cold calls and baselines never
   refault (memload's init and a cold call never read their pages again);
 * **direct reclaim** (with swap): what the period's swap-out cannot cover is taken back from the
-  calls that grew in it (their allocations wait on reclaim; memload catches up later) while
-  anonymous memory is left to swap and swap has room, rather than killed; what remains (a
-  baseline arriving) is swapped out of the coldest memory beyond the bandwidth, its wait not
-  timed (a real create would start that much later). `stall_s` adds up the time at least one
+  calls that grew in it (their allocations wait on reclaim; memload catches up later) and from
+  the sandboxes whose init is writing its baseline (it writes as fast as reclaim gives it
+  pages: a burst of sandboxes fills swap at its bandwidth, not at once) while anonymous memory
+  is left to swap and swap has room, rather than killed; what remains is swapped out of the
+  coldest memory beyond the bandwidth, its wait not timed. `stall_s` adds up the time at least one
   task waited on reclaim or swap-in (PSI `some`), `psi_some_avg10` its 10-s average in percent;
 * **OOM at the limit**: when the charge would exceed memory.max and reclaim cannot cover it, the
   kernel kills the process of highest badness = resident + swapped bytes + oom_score_adj/1000 of
@@ -168,11 +169,14 @@ class SimBox:
     call: SimCall | None = None
     reclaim_left: int = 0  # memory.reclaim still in flight
     seq: int = 0  # its place in the domain (boxes in the order they came)
+    # Of its baseline, what its init has yet to write: direct reclaim holds the init back as it
+    # holds a call (memload's init writes its baseline as fast as its pages are given).
+    pending: float = 0.0
 
     @property
     def anon(self) -> int:
         """Bytes that swap could push out (baseline + shmem), resident now."""
-        return self.baseline + self.retained - self.swapped
+        return self.baseline - self.pending + self.retained - self.swapped
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,9 @@ class Domain:
     box_swapped: float = 0.0  # bytes in swap: the live sandboxes', and
     call_swapped: float = 0.0  # the running calls' (kept as running totals)
     _reclaim_in: float = 0.0  # bytes this period's swap-ins must reclaim (paid in their wait)
+    # inits writing their baseline this period, and how much: new sandboxes, waiting ones
+    _filling: list[tuple[SimBox, float]] = field(default_factory=list)
+    _arrived: list[SimBox] = field(default_factory=list)  # sandboxes added since the last period
 
     def _touch(self, box_id: str) -> None:
         for w in self.watchers:
@@ -234,6 +241,7 @@ class Domain:
         self.boxes[box.id] = box
         self.static += self._box_static(box)
         self._touch(box.id)
+        self._arrived.append(box)
 
     def remove_box(self, box_id: str) -> None:
         box = self.boxes.pop(box_id, None)
@@ -264,6 +272,12 @@ class Domain:
         calls have brought back what they had in swap (the period's swap-in, `dt` long)."""
         self._tick_stall = 0.0
         self._reclaim_in = 0.0
+        self._filling, self._arrived = [(b, float(b.baseline)) for b in self._arrived], []
+        for b in self.boxes.values():  # the inits waiting on reclaim try again
+            if b.pending > 0:
+                self._filling.append((b, b.pending))
+                self.static += b.pending
+                b.pending = 0.0
         wait = self._swap_in(dt) if self.config.swap and dt > 0 else 0.0
         fpb = self._freed_per_byte()
         total = swapped = 0.0
@@ -502,8 +516,9 @@ class Domain:
     def enforce(self, now: float, dt: float) -> list[Kill]:
         """Bring usage under memory.max: drop cache, make room for what the hot calls brought
         back from swap (their wait paid for it), swap out coldest first within the bandwidth
-        of one period, stall the calls that grew (direct reclaim), swap out the rest beyond the
-        bandwidth (a baseline arriving), then OOM-kill by badness until it fits."""
+        of one period, stall the calls that grew and the inits writing their baselines (direct
+        reclaim), swap out the rest beyond the bandwidth, then OOM-kill by badness until it
+        fits."""
         over = self.usage() - self.budget
         if over <= SLACK:
             return []
@@ -546,7 +561,7 @@ class Domain:
 
     def _reclaim_directly(self, over: float, dt: float) -> float:
         """What the period's swap-out left over the limit, after direct reclaim: the calls
-        that grew wait (`_stall`), and the rest (a sandbox's baseline arriving, shmem) waits
+        that grew and the inits writing their baselines wait (`_stall`), and the rest waits
         while the coldest pages leave, beyond the period's bandwidth (untimed)."""
         cfg = self.config
         if over <= SLACK or not (cfg.swap and cfg.direct_reclaim) or not self._swappable():
@@ -572,15 +587,24 @@ class Domain:
             c.resident > 0 for c in self.running.values())
 
     def _stall(self, over: float) -> float:
-        """Direct reclaim: the calls that grew in this period give their growth back, up to
-        `over` (each in proportion), as if their allocations waited for swap-out; memload is
-        clock-paced, so a stalled call catches up once there is room. Returns the bytes."""
+        """Direct reclaim: the calls that grew in this period, and the inits that wrote their
+        baselines, give that back, up to `over` (each in proportion), as if their allocations
+        waited for swap-out; memload is clock-paced, so a stalled call catches up once there is
+        room, and an init writes what it has left the next period (`SimBox.pending`). Returns
+        the bytes."""
         growth = [(c, c.level - c.before) for c in self.running.values()
                   if not c.held and c.level > c.before]
-        total = sum(g for _, g in growth)
+        # an init gives back at most what of it is still resident (some may be out already)
+        inits = [(b, min(g, b.anon)) for b, g in self._filling if b.alive and min(g, b.anon) > 0]
+        total = sum(g for _, g in growth) + sum(g for _, g in inits)
         if total <= 0:
             return 0.0
         cut = min(over, total)
+        for b, g in inits:
+            share = cut * g / total
+            b.pending += share
+            self.static -= share
+            self._touch(b.id)
         for c, g in growth:
             c.level -= cut * g / total
             c.charge -= cut * g / total
@@ -588,19 +612,21 @@ class Domain:
             if c.swapped > c.level:
                 self.call_swapped -= c.swapped - c.level
                 c.swapped = c.level
-        self.levels -= cut
+            self.levels -= cut * g / total
         self.stalled_bytes += cut
         return cut
 
     def _victim(self) -> tuple[float, SimBox, str | None] | None:
         """The kernel's choice (oom_badness): resident + swapped, plus oom_score_adj per mille of
-        the limit (memory.max + swap.max); the init's badness is its own baseline (shmem is not a
-        process's), a call's its curve. Ties: the first found, as the kernel's scan."""
+        the limit (memory.max + swap.max); the init's badness is what it has written of its
+        baseline (shmem is not a process's), a call's its curve. Ties: the first found, as the
+        kernel's scan."""
         total = self.budget + (self.config.swap_max_bytes or 0 if self.config.swap else 0)
         best: tuple[float, SimBox, str | None] | None = None
         for b in self.boxes.values():
-            if best is None or b.baseline > best[0]:  # resident + swapped = the baseline
-                best = (float(b.baseline), b, None)
+            mine = b.baseline - b.pending  # resident + swapped: what its init has written
+            if best is None or mine > best[0]:
+                best = (float(mine), b, None)
             c = b.call
             if c is not None:
                 bad = c.level + c.oom_score_adj * total / 1000

@@ -273,3 +273,46 @@ def test_swap_full_but_for_a_residue_is_full() -> None:
     _, kills = _periods(domain, 400)
     assert [k.call for k in kills] == ["v/1"]
     assert x.level == y.level == 60 * MiB
+
+
+def test_a_sandbox_arriving_in_a_full_domain_writes_its_baseline_as_swap_out_allows() -> None:
+    """memload's init writes its baseline as fast as reclaim gives it pages: into a full domain
+    at 5 MiB/s of swap-out, 30 MiB over the limit take 6 s, with the init waiting (PSI), and it
+    counts as the OOM killer's candidate only for what it has written. Swapped out at once
+    beyond the bandwidth, a burst of 27 sandboxes filled the VM's 1 GiB of zram in one period
+    and the simulator killed the calls that followed (the 15x burst, eager+swap)."""
+    domain = _domain(50, out_mib_s=5)
+    old, new = SimBox("old", 40 * MiB), SimBox("new", 40 * MiB)
+    domain.add_box(old)
+    t = _run(domain, 5)
+    domain.add_box(new)
+    t = _run(domain, 10, t0=t)  # 1 s: 5 MiB out, 5 more of the new baseline in
+    assert domain.swap_used() == pytest.approx(5 * MiB, rel=0.15)
+    assert new.pending == pytest.approx(25 * MiB, rel=0.05)
+    assert domain.usage() == pytest.approx(domain.budget, abs=1)  # full, not over, not less
+    assert domain.stall_s == pytest.approx(1.0, abs=0.11)
+    victim = domain._victim()
+    assert victim is not None and victim[1] is old  # 40 MiB written against ~15
+    _run(domain, 60, t0=t)
+    assert new.pending == 0 and domain.swap_used() == pytest.approx(30 * MiB, abs=1)
+    assert 5.5 < domain.stall_s < 7.0
+
+
+def test_inits_and_a_call_waiting_together_keep_the_accounts_whole() -> None:
+    """Two sandboxes arriving beside a growing call, in 10 MiB: what each gives back to direct
+    reclaim leaves its own account (the call's level, the inits' baselines), never below what
+    is resident; the domain stays full until the baselines are written and out."""
+    domain = _domain(10, out_mib_s=5)
+    a, b, host = SimBox("a", 40 * MiB), SimBox("b", 40 * MiB), SimBox("host", 0)
+    for box in (a, b, host):
+        domain.add_box(box)
+    ramp = MemoryProfile(0, 20 * MiB, "ramp", 1.0, 0, 0)
+    call = _call(domain, host, hot=False, duration=100.0, profile=ramp)
+    t = 0.0
+    for _ in range(30):
+        t, kills = _periods(domain, 1, t0=t)
+        assert not kills
+        assert domain.usage() == pytest.approx(domain.budget, abs=1)
+        assert min(a.anon, b.anon, call.resident) >= 0
+        assert domain.levels == pytest.approx(call.charge)
+    assert a.pending > 0 and b.pending > 0  # 3 s at 5 MiB/s: most of 80 MiB still to write
