@@ -321,7 +321,15 @@ def fit_level(points: Sequence[tuple[int, float]], other: Sequence[tuple[int, fl
     if not (points and other):
         f = fit([*points, *other], gentle)
         return f, f
-    own = len({n for n, _ in points}) >= OWN_SHAPE_NS
+    # No load at which both were measured: no ratio to learn, and a shape shared across the
+    # gap lends one runtime's knee to the other's flat stretch (a 15x burst's execgate runs at
+    # n = 23-27 gave reserve's and static-8's, measured at n = 1-8, one flat 24.8 s where they
+    # took 3-5 s at n = 1-2 and 44 s at n = 8: reserve simulated +35 %). Each its own points.
+    apart = max(n for n, _ in points) < min(n for n, _ in other) \
+        or max(n for n, _ in other) < min(n for n, _ in points)
+    if apart and len({n for n, _ in other}) < OWN_SHAPE_NS:
+        return fit(points, gentle), fit(other, gentle)
+    own = apart or len({n for n, _ in points}) >= OWN_SHAPE_NS
     shape, r = fit(points, gentle), 1.0
     for _ in range(1 if own else rounds):
         if not own:

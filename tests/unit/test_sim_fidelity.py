@@ -131,6 +131,18 @@ def test_runc_keeps_its_own_level_where_it_has_points_beside_execgates_own_shape
     assert base.r2 > -1  # before: -693
 
 
+def test_runtimes_measured_at_loads_apart_fit_their_own_points() -> None:
+    """A 15x burst boot with reserve and static-8 as its runc schemes: runc's docker runs at 1-2
+    live sandboxes (3-5 s) and at 7-8 (44 s), execgate's at 23-27 (85-300 s). No load has
+    both, so there is no ratio to learn; the shape shared across the gap was flat below its
+    knee at 25 and gave every runc run 24.8 s (reserve simulated +35 %, static-8 -9 %)."""
+    runc = [(1, 3.4), (2, 5.6)] * 6 + [(7, 35.2)] + [(8, 44.4)] * 26
+    eg = [(23, 90.0)] * 5 + [(26, 110.0)] * 4 + [(27, 300.0)] * 18
+    base, own = fit_level(runc, eg)
+    assert base(1) == pytest.approx(4.5, abs=1.5) and base(8) == pytest.approx(44.4, abs=2)
+    assert own(27) == pytest.approx(300.0, abs=5) and own(23) < 120
+
+
 def test_the_simulator_counts_no_held_create_in_n() -> None:
     """The simulator's n is the fit's: a create held by sandbox admission is not live."""
     scheme = SCHEMES["execgate"]
