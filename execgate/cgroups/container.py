@@ -19,6 +19,7 @@ from . import v2
 
 INIT = "init"
 TOOL_PREFIX = "tool-"
+FREEZE_WAIT_S = 1.0  # of prepare's timeout, the most spent waiting for the freeze
 
 
 def prepare(cg: str, controllers: tuple[str, ...], timeout: float = 10.0) -> list[str]:
@@ -29,7 +30,11 @@ def prepare(cg: str, controllers: tuple[str, ...], timeout: float = 10.0) -> lis
     sandboxes starting at once, TCG) a task can still fork, or reach the cgroup, after a round
     of moves, and enabling controllers then fails with EBUSY (no tasks are allowed beside
     children with controllers). So it moves and retries until `timeout`, rather than giving the
-    sandbox up as unmanaged over one late task.
+    sandbox up as unmanaged over one late task. It waits for the freeze only FREEZE_WAIT_S: a
+    task in direct reclaim (an init writing its baseline into a full host) freezes only once
+    its allocation returns; a wait as long as the timeout left no time to move, and one
+    sandbox of a 15x burst ran unmanaged (EBUSY). Moving needs no freeze: the freeze only
+    keeps forks out, and a late fork is moved in the next round.
     """
     leaf = init_leaf(cg)
     os.makedirs(leaf, exist_ok=True)
@@ -38,7 +43,7 @@ def prepare(cg: str, controllers: tuple[str, ...], timeout: float = 10.0) -> lis
         v2.write(cg, "cgroup.freeze", "1")
     deadline = time.monotonic() + timeout
     try:
-        v2.wait_event(cg, "frozen", 1, timeout=timeout)
+        v2.wait_event(cg, "frozen", 1, timeout=min(FREEZE_WAIT_S, timeout))
         while True:
             _move_tasks(cg, leaf, deadline)
             try:
@@ -53,16 +58,19 @@ def prepare(cg: str, controllers: tuple[str, ...], timeout: float = 10.0) -> lis
 
 
 def _move_tasks(cg: str, leaf: str, deadline: float) -> None:
-    """Move tasks from cg into leaf until none is left (or the deadline passes)."""
+    """Move tasks from cg into leaf until none is left, or the deadline has passed after at
+    least one round."""
     while True:
         pids = v2.procs(cg)
-        if not pids or time.monotonic() >= deadline:
+        if not pids:
             return
         for pid in pids:
             try:
                 v2.move(pid, leaf)
             except ProcessLookupError:
                 continue
+        if time.monotonic() >= deadline:
+            return
 
 
 def init_leaf(cg: str) -> str:

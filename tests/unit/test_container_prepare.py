@@ -5,6 +5,7 @@ cgroup.subtree_control, as a fork does while a loaded host is still freezing the
 Before the fix that one late task made the sandbox unmanaged (seen in the VM replay e2e)."""
 
 import errno
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,25 @@ def test_a_task_that_never_leaves_fails_at_the_deadline_and_thaws(kernel, tmp_pa
     with pytest.raises(OSError) as e:
         container.prepare(str(tmp_path), ("memory",), timeout=0.2)
     assert e.value.errno == errno.EBUSY and k.frozen == 0
+
+
+def test_a_freeze_that_outlasts_the_timeout_still_moves_the_tasks(kernel, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """A task in direct reclaim (an init writing its baseline into a full host, the 15x burst)
+    freezes only when its allocation returns. The wait for the freeze took the whole timeout,
+    the moves never started, and the sandbox ran unmanaged (EBUSY); moving needs no freeze."""
+    k = kernel(tasks={10, 11}, late=set())
+    waits: list[float] = []
+
+    def never_frozen(cg: str, key: str, value: int, timeout: float) -> bool:
+        waits.append(timeout)
+        time.sleep(timeout)
+        return False
+
+    monkeypatch.setattr(v2, "wait_event", never_frozen)
+    assert container.prepare(str(tmp_path), ("memory",), timeout=0.2) == ["memory"]
+    assert k.tasks[container.init_leaf(str(tmp_path))] == {10, 11} and k.frozen == 0
+    # With the default timeout the wait is capped; the rest is for the moves.
+    k.tasks[str(tmp_path)] = {12}
+    assert container.prepare(str(tmp_path), ("memory",)) == ["memory"]
+    assert waits == [0.2, container.FREEZE_WAIT_S]
