@@ -41,6 +41,9 @@ sim() {
         # One VM run is one draw: each row again with operation costs drawn around their fit.
         "$python" -m bench.sim validate docs/replay/sweep-c953629/results.json.gz --policy-rev c953629 \
             --draws 20 --out "$s"
+        # The same sweep at the policy of 5 Dec, night (both boots' parts merged).
+        "$python" -m bench.sim validate docs/replay/sweep-ab2c26f/results.json.gz --policy-rev ab2c26f \
+            --draws 20 --out "$s"
         # Every fleet boot in its own fit and at its own policy (the directory's revision), with
         # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
         for f in docs/replay/fleet/*-*/repeat-*.json.gz docs/replay/sweep-*/repeat-*.json.gz; do
