@@ -272,12 +272,13 @@ class Domain:
         calls have brought back what they had in swap (the period's swap-in, `dt` long)."""
         self._tick_stall = 0.0
         self._reclaim_in = 0.0
+        # Only an init that was writing last period can have been held back: those try again.
+        waiting = [b for b, _ in self._filling if b.alive and b.pending > 0]
         self._filling, self._arrived = [(b, float(b.baseline)) for b in self._arrived], []
-        for b in self.boxes.values():  # the inits waiting on reclaim try again
-            if b.pending > 0:
-                self._filling.append((b, b.pending))
-                self.static += b.pending
-                b.pending = 0.0
+        for b in waiting:
+            self._filling.append((b, b.pending))
+            self.static += b.pending
+            b.pending = 0.0
         wait = self._swap_in(dt) if self.config.swap and dt > 0 else 0.0
         fpb = self._freed_per_byte()
         total = swapped = 0.0
@@ -595,7 +596,7 @@ class Domain:
         growth = [(c, c.level - c.before) for c in self.running.values()
                   if not c.held and c.level > c.before]
         # an init gives back at most what of it is still resident (some may be out already)
-        inits = [(b, min(g, b.anon)) for b, g in self._filling if b.alive and min(g, b.anon) > 0]
+        inits = [(b, m) for b, g in self._filling if b.alive and (m := min(g, b.anon)) > 0]
         total = sum(g for _, g in growth) + sum(g for _, g in inits)
         if total <= 0:
             return 0.0
