@@ -176,6 +176,8 @@ class ExecgateHands:
         params = inspect.signature(GrowthController).parameters
         kw: dict[str, Any] = {"pressure": settings.pressure} if "pressure" in params else {}
         self.growth = GrowthController(settings.growth, clock, **kw)
+        # (a policy revision before green_period_s sampled every period)
+        self._wants_samples = getattr(self.growth, "wants_samples", None)
         self.gate_on = settings.daemon.gate != "off"
         # growth_gate._oom: a held call's tasks at this oom_score_adj, their own back on
         # release (None: a policy revision from before it)
@@ -495,6 +497,9 @@ class ExecgateHands:
         if self.swap_credit is not None and self.swap_credit.thrashing(now):
             self.stats.thrashing_s += dt
         kills: list[str] = []
+        pressure = reading.gate_state if self.gate_on else Pressure.GREEN
+        # growth_gate.update: at green, calls are sampled only every green_period_s
+        sampled = self._wants_samples is None or self._wants_samples(pressure)
         if self.running:
             samples = []
             cpu, rises, calls = self.cpu, self.rise, self.calls
@@ -508,11 +513,12 @@ class ExecgateHands:
                 if c.charge > (rise[-1][1] if rise else 0) * 1.05 and len(rise) < 256:
                     rise.append((now, int(c.charge)))
                 # growth_gate.update: memory.current + memory.swap.current
-                samples.append(Sample(cid, int(c.charge + c.swapped), cpu[cid],
-                                      calls[cid].declared_bytes, c.started))
+                if sampled:
+                    samples.append(Sample(cid, int(c.charge + c.swapped), cpu[cid],
+                                          calls[cid].declared_bytes, c.started))
+        if self.running and sampled:
             # growth_gate.update gets available + the credit, for the gate and the last resort
             available = int(self.domain.budget - self.domain.usage()) + self.credit
-            pressure = reading.gate_state if self.gate_on else Pressure.GREEN
             gd = self.growth.update(samples, pressure, available, self.domain.budget)
             for cid, allow in gd.allow.items():
                 call = self.running[cid]
@@ -531,8 +537,8 @@ class ExecgateHands:
                 if victim is not None:
                     kills.append(victim.call_id)
                     self.stats.last_resort_kills += 1
-        else:  # the AIMD slot budget follows pressure even with nothing running
-            self.growth.update([], reading.gate_state if self.gate_on else Pressure.GREEN,
+        elif sampled:  # the AIMD slot budget follows pressure even with nothing running
+            self.growth.update([], pressure,
                                int(self.domain.budget - self.domain.usage()) + self.credit,
                                self.domain.budget)
         # residency on the same reading (engine._step_residency, aa0537a: by resident memory

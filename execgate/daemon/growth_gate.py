@@ -224,6 +224,12 @@ class GrowthGate:
         swap it can still use (None: unknown, taken as none), for the last resort."""
         now = self.clock()
         self._health(now)
+        # Without an actuator (gate = "off", or none could load) nothing is held, so the
+        # controller decides as in green: no hold accrues to a call's record or its feedback,
+        # and no last resort fires (it is the gate's, and needs the red streak).
+        gated = pressure if self.actuator is not None else Pressure.GREEN
+        if not self.controller.wants_samples(gated):
+            return
         self.spared = {cid: until for cid, until in self.spared.items() if until > now}
         samples = []
         for cid, call in calls.items():
@@ -241,10 +247,6 @@ class GrowthGate:
                     continue
             samples.append(Sample(cid, call.last_mem + swap, cpu, call.info.declared_bytes,
                                   call.admitted_at, fault_bytes=self._fault_bytes(call)))
-        # Without an actuator (gate = "off", or none could load) nothing is held, so the
-        # controller decides as in green: no hold accrues to a call's record or its feedback,
-        # and no last resort fires (it is the gate's, and needs the red streak).
-        gated = pressure if self.actuator is not None else Pressure.GREEN
         decision = self.controller.update(samples, gated, mem_available, budget)
         self.last = decision
         if self.actuator is not None:

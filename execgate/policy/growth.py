@@ -77,11 +77,17 @@ Clock = Callable[[], float]
 class GrowthConfig:
     """Every tunable of the growth gate (TenonAgent Table 5 defaults)."""
 
-    # The daemon's sampling/decision period; informational for callers, the controller itself
-    # measures real intervals.
+    # The sampling period ewma_alpha is meant for; the controller measures real intervals and
+    # weighs each by its length against this.
     period_s: float = 0.1
-    # EWMA weight of the newest valid growth sample.
+    # EWMA weight of the newest valid growth sample, for an interval of period_s; a longer
+    # interval weighs as that many periods in a row (1 - (1 - alpha)^(dt / period_s)).
     ewma_alpha: float = 0.35
+    # At green the gate holds nothing, so it samples running calls only this often, to keep
+    # their ĝ current for when pressure rises; at yellow and red, every period. A sample reads
+    # two cgroup files per call: under an emulator those reads took 45 % of the daemon's loop
+    # at 1× (22 of 49 s). 0: every period.
+    green_period_s: float = 0.5
     # |ĝ| at or below this is noise (page cache, allocator slack): Resident, not Growing/Cooling.
     growth_threshold_bps: float = 4 * MiB
     # Demand is projected this far ahead: d = max(ĝ, 0) · horizon.
@@ -132,6 +138,8 @@ class GrowthConfig:
             raise ValueError("growth_threshold_bps must be >= 0")
         if self.horizon_s <= 0 or self.period_s <= 0 or self.min_run_time_s <= 0:
             raise ValueError("horizon_s, period_s and min_run_time_s must be > 0")
+        if self.green_period_s < 0:
+            raise ValueError("green_period_s must be >= 0")
         if self.boot_demand_bytes < 0:
             raise ValueError("boot_demand_bytes must be >= 0")
         if not 1 <= self.slots_initial <= self.slots_max:
@@ -412,6 +420,14 @@ class GrowthController:
 
     # -- the period -------------------------------------------------------------------------
 
+    def wants_samples(self, pressure: Pressure) -> bool:
+        """Whether this period needs fresh samples: always but at green, and at green once per
+        green_period_s (config; to the nearest period). The first green period after yellow or
+        red always runs: it releases what was held."""
+        last, cfg = self._last_update, self.config
+        return (pressure != Pressure.GREEN or self._pressure != Pressure.GREEN or last is None
+                or self._clock() - last >= cfg.green_period_s - cfg.period_s / 2)
+
     def update(
         self,
         samples: Iterable[Sample],
@@ -544,7 +560,7 @@ class GrowthController:
                 and dt > 0):
             grown = s.memory_bytes - c.last_memory
             g = grown / dt
-            a = self.config.ewma_alpha
+            a = 1.0 - (1.0 - self.config.ewma_alpha) ** (dt / self.config.period_s)
             # Seeded with the first observation: starting from 0 would hide a fast grower.
             c.growth = g if c.growth is None else a * g + (1.0 - a) * c.growth
             c.burst = _burst_rate(grown, c.last_faults, s.fault_bytes, dt)

@@ -8,6 +8,7 @@ from typing import Any
 
 from execgate.common.units import MiB
 from execgate.daemon.actuator import FreezeGate
+from execgate.daemon.cgfiles import KeptFiles
 from execgate.daemon.growth_gate import HPAGE_SIZE, PAGE_SIZE, RELOAD_AFTER_S, GrowthGate
 from execgate.policy.estimate import CallInfo
 from execgate.policy.growth import GrowthConfig
@@ -107,6 +108,36 @@ def test_last_resort_kills_the_worst_offender(tmp_path: Path) -> None:
     assert (b / "cgroup.kill").read_text() == "1", "b is furthest above what it declared"
     assert (a / "cgroup.kill").read_text() == ""
     assert gg.outcome("tool-b")["killed_by_execgate"] is True
+
+
+class CountedFiles(KeptFiles):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def read(self, cg: str, name: str, absent_for_good: bool = False) -> bytes | None:
+        self.reads.append(name)
+        return super().read(cg, name, absent_for_good)
+
+
+def test_green_reads_the_calls_files_every_green_period(tmp_path: Path) -> None:
+    """Under an emulator the per-period reads were 45 % of the loop at 1×: at green the gate
+    holds nothing, so it reads a call's cpu.stat twice a second, and every period again once
+    pressure rises."""
+    clock = Clock()
+    files = CountedFiles()
+    gg = GrowthGate(GrowthConfig(), "freeze", clock, files)
+    gg.actuator = FreezeGate(str(tmp_path))
+    d = _cg(tmp_path, "tool-a")
+    calls = {"tool-a": Call(CallInfo("tool-a", "s", ["x"]), str(d), clock.t)}
+    for _ in range(20):  # 2 s at green
+        clock.t += 0.1
+        gg.update(calls, Pressure.GREEN, 8 << 30)
+    assert files.reads.count("cpu.stat") == 4
+    for _ in range(5):
+        clock.t += 0.1
+        gg.update(calls, Pressure.YELLOW, 8 << 30)
+    assert files.reads.count("cpu.stat") == 9
 
 
 def test_green_allows_everything(tmp_path: Path) -> None:

@@ -150,7 +150,7 @@ def test_config_rejects_nonsense(bad: dict[str, float]) -> None:
 
 def test_ewma_hand_computed() -> None:
     clock = FakeClock()
-    ctl = GrowthController(GrowthConfig(), clock)
+    ctl = GrowthController(GrowthConfig(period_s=0.5), clock)  # one sample, one period
     d = direct(
         clock,
         ctl,
@@ -174,14 +174,50 @@ def test_ewma_hand_computed() -> None:
 
 
 def _fed(points: list[tuple[float, int, int, int | None]]) -> list[GateDecision]:
-    """One call's (t, memory, cpu, cumulative fault bytes) points in green."""
+    """One call's (t, memory, cpu, cumulative fault bytes) points in green, 0.5 s apart."""
     clock = FakeClock()
-    ctl = GrowthController(GrowthConfig(), clock)
+    ctl = GrowthController(GrowthConfig(period_s=0.5), clock)
     out = []
     for t, mem, cpu, faults in points:
         clock.t = t
         out.append(ctl.update([Sample("c", mem, cpu, fault_bytes=faults)], G, BIG))
     return out
+
+
+def test_a_longer_interval_weighs_as_that_many_periods() -> None:
+    """At green the daemon samples every green_period_s, not every period: one 0.5-s sample
+    must move ĝ as five 0.1-s samples of the same rate do, or a call that starts to burst
+    just before yellow would look slow to the gate."""
+    def fed(step: float) -> float:
+        clock = FakeClock()
+        ctl = GrowthController(GrowthConfig(period_s=0.125), clock)
+        mem, cpu, t, out = 0, 0, 0.0, None
+        for rate, span in ((2 * MiB, 1.0), (200 * MiB, 1.0)):  # resident, then a burst
+            for _ in range(round(span / step)):
+                ctl.update([Sample("c", mem, cpu)], G, BIG)
+                t += step
+                clock.t, mem, cpu = t, mem + int(rate * step), cpu + 1000
+            out = ctl.update([Sample("c", mem, cpu)], G, BIG).calls["c"].growth_bps
+        assert out is not None
+        return out
+
+    assert fed(0.5) == pytest.approx(fed(0.125), rel=1e-6)
+    assert fed(0.5) > 150 * MiB
+
+
+def test_green_is_sampled_every_green_period() -> None:
+    clock = FakeClock()
+    ctl = GrowthController(GrowthConfig(period_s=0.125, green_period_s=0.5), clock)
+    wanted = []
+    for i in range(12):
+        clock.t = i * STEP
+        q = Y if i in (6, 7) else G
+        wanted.append(ctl.wants_samples(q))
+        if wanted[-1]:
+            ctl.update([Sample("c", 0, i)], q, BIG)
+    # green at 0, then 0.5 s later; yellow every period; the first green after it at once
+    assert [i for i, w in enumerate(wanted) if w] == [0, 4, 6, 7, 8]
+    assert GrowthController(GrowthConfig(green_period_s=0), clock).wants_samples(G)
 
 
 def test_fault_burst_sets_the_rate_at_onset() -> None:
@@ -248,7 +284,7 @@ def test_boot_demand_is_headroom_checked() -> None:
 
 def test_interval_without_cpu_is_skipped_and_rebases() -> None:
     clock = FakeClock()
-    ctl = GrowthController(GrowthConfig(), clock)
+    ctl = GrowthController(GrowthConfig(period_s=1.0), clock)
     d = direct(
         clock,
         ctl,
@@ -267,7 +303,7 @@ def test_interval_without_cpu_is_skipped_and_rebases() -> None:
 
 def test_interval_after_permission_change_is_skipped() -> None:
     clock = FakeClock()
-    ctl = GrowthController(GrowthConfig(), clock)
+    ctl = GrowthController(GrowthConfig(period_s=1.0), clock)
 
     def at(t: float, mem_mib: float, cpu: int, q: Pressure, h_mib: float = 0):
         clock.t = t
