@@ -385,9 +385,9 @@ def loop_delta(before: dict[str, Any], after: dict[str, Any] | None) -> dict[str
     for key in ("iterations", "wall_s", "cpu_s", "process_cpu_s"):
         if isinstance(after.get(key), (int, float)) and isinstance(before.get(key), (int, float)):
             out[key] = round(after[key] - before[key], 3)
-    stages_before = before.get("stage_cpu_s") or {}
-    out["stage_cpu_s"] = {k: round(v - stages_before.get(k, 0.0), 3)
-                          for k, v in (after.get("stage_cpu_s") or {}).items()}
+    for split in ("stage_cpu_s", "threads_cpu_s"):  # the loop's by stage, the process's by thread
+        was = before.get(split) or {}
+        out[split] = {k: round(v - was.get(k, 0.0), 3) for k, v in (after.get(split) or {}).items()}
     if any(isinstance(v, (int, float)) and v < 0 for v in out.values()):
         return None
     return out

@@ -37,6 +37,7 @@ from execgate.policy.pressure import (
 )
 from execgate.policy.swap_credit import SwapCredit, swap_room
 
+from . import thread_cpu
 from .cgfiles import KeptFiles
 from .domain import Domain, DomainSample
 from .events import EventBus
@@ -128,7 +129,8 @@ class LoopStats:
                 "stage_errors": dict(self.stage_errors),
                 "stage_cpu_s": {k: round(v, 3) for k, v in self.stage_cpu_s.items()},
                 # every thread's, the loop's included: the rest is requests, reclaim, the store
-                "process_cpu_s": round(time.process_time(), 3)}
+                "process_cpu_s": round(time.process_time(), 3),
+                "threads_cpu_s": thread_cpu.snapshot()}  # MainThread: the loop and requests
 
 
 def call_info(msg: dict[str, Any], arrival: float | None = None) -> CallInfo:

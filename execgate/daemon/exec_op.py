@@ -33,6 +33,7 @@ from execgate.common.config import DEFAULT_PATH, Config
 from execgate.oci import cli
 from execgate.policy.admission import Decision
 
+from . import thread_cpu
 from .inside.procfs import take_stderr
 from .server import Conn
 
@@ -191,7 +192,8 @@ class ExecOp:
                 with self._lock:
                     self.followers -= 1
 
-        threading.Thread(target=run, name=f"follow-{call.call}", daemon=True).start()
+        threading.Thread(target=thread_cpu.counted(run), name=f"follow-{call.call}",
+                         daemon=True).start()
 
     def _follow(self, cfg: Config, call: ToolCall, runtime_pidfd: int, pid_file: str | None,
                 stderr: int | None) -> None:

@@ -32,6 +32,7 @@ from execgate.policy.pressure import PressureConfig, PressureReading, region_lim
 from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, idle_enough, plan
 
+from . import thread_cpu
 from .events import EventBus
 from .looks import LOOK_S, Looks
 
@@ -391,7 +392,9 @@ class Residency:
                                 state=str(reading.state))
         elif action.kind == "reclaim":
             box.reclaimed = True
-            self.worker = threading.Thread(target=self._reclaim, args=(box, action.amount),
+            # (the kernel's reclaim runs on this thread's CPU: counted when it ends)
+            self.worker = threading.Thread(target=thread_cpu.counted(self._reclaim),
+                                           args=(box, action.amount),
                                            name="reclaim", daemon=True)
             self.worker.start()
 
