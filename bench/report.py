@@ -160,12 +160,20 @@ def _why_row(run: dict[str, Any]) -> list[str]:
 
 
 def _daemon_cpu(total: float | None, loop: dict[str, Any] | None) -> str:
-    """execgated's CPU over the run, and its control loop's with the stage that spent most."""
+    """execgated's CPU over the run: its control loop's with the stage that spent most, then
+    its loop thread's besides the loop (requests) and the other thread kind that spent most."""
     out = _num(total, "{:.0f}")
     stages = (loop or {}).get("stage_cpu_s") or {}
     if loop and loop.get("cpu_s") is not None and stages:
         top = max(stages, key=stages.__getitem__)
-        out += f" (loop {loop['cpu_s']:.0f}; {top} {stages[top]:.0f})"
+        out += f" (loop {loop['cpu_s']:.0f}; {top} {stages[top]:.0f}"
+        threads = dict(loop.get("threads_cpu_s") or {})
+        if "MainThread" in threads:
+            out += f"; requests {max(threads.pop('MainThread') - loop['cpu_s'], 0):.0f}"
+            if threads:
+                kind = max(threads, key=threads.__getitem__)
+                out += f"; {kind} {threads[kind]:.0f}"
+        out += ")"
     return out
 
 

@@ -213,3 +213,8 @@ def test_the_why_table_says_the_daemons_own_cpu(results: dict[str, Any]) -> None
     why = report.markdown(results).split("## ")[1].split("Why (")[1]
     rows = [line for line in why.splitlines() if line.startswith("| ")][1:]
     assert rows[-1].split("|")[-2].strip() == "466 (loop 218; sandboxes 102)"
+    run["daemon_loop"]["threads_cpu_s"] = {"MainThread": 300.0, "follow": 90.0, "reclaim": 70.0}
+    why = report.markdown(results).split("## ")[1].split("Why (")[1]
+    rows = [line for line in why.splitlines() if line.startswith("| ")][1:]
+    assert rows[-1].split("|")[-2].strip() == \
+        "466 (loop 218; sandboxes 102; requests 82; follow 90)"
