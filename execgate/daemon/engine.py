@@ -486,6 +486,11 @@ class Engine:
         reader = self.journal_reader
         return reader.behind if reader is not None else self.journal.behind
 
+    def journal_written(self) -> None:
+        """One of the daemon's own threads wrote a journal line: read it now (any thread)."""
+        if self.journal_reader is not None:
+            self.journal_reader.poke()
+
     def follow_journal(self) -> None:
         """New journal lines, chunk by chunk, for at most about JOURNAL_STEP_S; what is left
         waits for the next step (journal_behind). With a JournalReader the chunks were read

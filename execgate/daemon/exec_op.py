@@ -191,6 +191,7 @@ class ExecOp:
             finally:
                 with self._lock:
                     self.followers -= 1
+                self.engine.journal_written()  # its line (a follower ends with one)
 
         threading.Thread(target=thread_cpu.counted(run), name=f"follow-{call.call}",
                          daemon=True).start()

@@ -50,6 +50,7 @@ class Ending(AgentsState):
         elif c.last_comm and self.loop is not None:
             self.loop.call_soon_threadsafe(self._learn, c, entry.get("memory_peak"))
         outcome.record(entry, c.status, end, self.cfg.journal, log)
+        self.engine.journal_written()
 
     def _forget_pid(self, c: Call) -> None:
         if self.by_pid.get(c.pid) is c:
