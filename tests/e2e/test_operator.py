@@ -96,13 +96,15 @@ def test_metrics_while_a_call_runs(containers: Containers) -> None:
                         (line.rsplit(" ", 1) for line in text.splitlines()
                          if line and not line.startswith("#"))}
 
-            # `true` ended ok (its journal line read), `sleep` runs: both admitted
+            # `true` ended ok (its journal line read), `sleep` runs: both admitted. The counts
+            # follow the event bus a moment after the engine's state: a scrape rendered while
+            # `sleep` was being admitted saw it running and one admission (VM, 6 Dec).
             ok = 'execgate_calls_finished_total{outcome="ok"}'
+            waits = "execgate_admission_wait_seconds_count"
             s = wait_for(lambda: (m := scrape()).get("execgate_calls_running")
-                         and m.get(ok) and m, timeout=60,
+                         and m.get(ok) and m.get(waits, 0) >= 2 and m, timeout=60,
                          what="the ended and the running call in the metrics")
             assert s["execgate_budget_bytes"] > 0
-            assert s["execgate_admission_wait_seconds_count"] >= 2
             assert s.get('execgate_calls_finished_total{outcome="vanished"}', 0) == 0
             # the container's create and start went through the front: where their time went
             assert s.get('execgate_lifecycle_seconds_total{op="create",part="runc"}', 0) > 0
