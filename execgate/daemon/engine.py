@@ -17,7 +17,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,9 +100,7 @@ class LiveCall:
 class LoopStats:
     """What the control loop costs: iterations, and wall and CPU time spent inside tick(),
     by stage (under an emulator the daemon's CPU is CPU the sandboxes' starts do not get: the
-    split says which stage to make cheaper). A tick's CPU is read twice and shared among its
-    stages by their wall time: reading it around each stage was a syscall per stage, 33,000
-    in a 6-minute VM run and a tenth of the daemon's CPU there."""
+    split says which stage to make cheaper)."""
 
     iterations: int = 0
     wall_s: float = 0.0
@@ -112,11 +110,10 @@ class LoopStats:
     stage_errors: dict[str, int] = field(default_factory=dict)  # failures by tick stage
     stage_cpu_s: dict[str, float] = field(default_factory=dict)  # tick CPU by stage
 
-    def add(self, wall_s: float, cpu_s: float, stages: Sequence[tuple[str, float]] = ()) -> None:
-        """One tick: its wall and CPU time, and each stage's wall time."""
-        share = cpu_s / wall_s if wall_s > 0 else 0.0
-        for name, stage_wall in stages:
-            self.stage_cpu_s[name] = self.stage_cpu_s.get(name, 0.0) + stage_wall * share
+    def add_stage(self, name: str, cpu_s: float) -> None:
+        self.stage_cpu_s[name] = self.stage_cpu_s.get(name, 0.0) + cpu_s
+
+    def add(self, wall_s: float, cpu_s: float) -> None:
         self.iterations += 1
         self.wall_s += wall_s
         self.cpu_s += cpu_s
@@ -316,20 +313,19 @@ class Engine:
         """One control period, stage by stage: a stage that raises (a full store, a cgroup file
         gone mid-read) is logged and counted, and the others still run: the gate, residency
         and vanished calls never wait on the history (issue 21, item 9)."""
-        cpu = time.thread_time()
-        wall = before = time.perf_counter()
-        walls: list[tuple[str, float]] = []
+        wall = time.perf_counter()
+        cpu = before = time.thread_time()
         try:
             for name, stage in self._stages:
                 try:
                     stage()
                 except Exception:  # noqa: BLE001 - one stage's failure is not the loop's
                     self._stage_failed(name)
-                now = time.perf_counter()
-                walls.append((name, now - before))
+                now = time.thread_time()
+                self.loop.add_stage(name, now - before)
                 before = now
         finally:
-            self.loop.add(before - wall, time.thread_time() - cpu, walls)  # to the last stage's end
+            self.loop.add(time.perf_counter() - wall, before - cpu)  # the last stage's end
 
     @property
     def _stages(self) -> tuple[tuple[str, Callable[[], None]], ...]:

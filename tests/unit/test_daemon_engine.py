@@ -425,25 +425,6 @@ def test_a_call_whose_memory_cycles_still_counts_its_growth_to_come(tmp_path: Pa
     asyncio.run(scenario())
 
 
-def test_a_tick_reads_its_cpu_clock_twice_not_per_stage(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The thread's CPU clock is a syscall: read around each of eleven stages it was 33,000
-    of them in a 6-minute VM run, a tenth of the daemon's CPU."""
-    eng, _clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
-    eng.tick()
-    reads = 0
-    thread_time = time.thread_time
-
-    def counted() -> float:
-        nonlocal reads
-        reads += 1
-        return thread_time()
-
-    monkeypatch.setattr(time, "thread_time", counted)
-    eng.tick()
-    assert reads == 2
-
-
 def test_the_loop_counts_its_cpu_by_stage(tmp_path: Path) -> None:
     """Under an emulator the daemon's CPU is CPU the sandboxes' starts do not get (VM, 15x
     Poisson: 325 s of an 813 s run): the loop says which stage spends it."""
