@@ -44,7 +44,7 @@ sim() {
         # The same sweep at the policy of 5 Dec, night (both boots' parts merged).
         "$python" -m bench.sim validate docs/replay/sweep-ab2c26f/results.json.gz --policy-rev ab2c26f \
             --draws 20 --out "$s"
-        # Light load (1x), five repeats at the policy of 6 Dec, each in its own fit.
+        # Light load (1x), seven repeats at the policy of 6 Dec, each in its own fit.
         for f in docs/replay/light-load-e0d3b6e/results-*.json.gz; do
             "$python" -m bench.sim validate "$f" --policy-rev e0d3b6e \
                 --out "$s/validate-light-e0d3b6e/$(basename "$f" .json.gz)"

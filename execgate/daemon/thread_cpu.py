@@ -4,19 +4,19 @@ engine.LoopStats times the control loop's stages; the rest of the process's CPU 
 handled on the loop's thread, the executor's threads (cgroup set-up, bundles, status), the
 reclaim worker and one follower per tool call. Under an emulator every CPU-second the daemon
 spends is taken from the sandboxes, so this split says what to make cheaper. Live threads are
-read from /proc/self/task; a thread that ends first adds its own CPU (`counted`).
+read from /proc; a thread that ends first adds its own CPU (`counted`).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-_TICK = os.sysconf("SC_CLK_TCK")
+from .inside import procfs
+
 _ID = re.compile(r"[-_](tool-\w+|\d.*)$")  # follow-tool-1a2b3c, asyncio_0, Thread-3 (run)
 _ended: dict[str, float] = {}
 _lock = threading.Lock()
@@ -42,21 +42,12 @@ def counted(target: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _cpu_s(tid: int) -> float | None:
-    try:
-        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-
-
 def snapshot() -> dict[str, float]:
     """CPU seconds by thread kind since the daemon started, ended threads included."""
     with _lock:
         out = dict(_ended)
     for t in threading.enumerate():
-        cpu = _cpu_s(t.native_id) if t.native_id is not None else None
+        cpu = procfs.cpu_s(t.native_id) if t.native_id is not None else None
         if cpu is not None:
             name = group(t.name)
             out[name] = out.get(name, 0.0) + cpu

@@ -42,6 +42,15 @@ def started_ns(pid: int) -> int:
     return 0 if ticks is None else ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process, or of a thread by its id."""
+    fields = _stat_fields(pid)
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (ValueError, IndexError):
+        return None
+
+
 def _proc_text(pid: int, name: str) -> str | None:
     try:
         with open(f"/proc/{pid}/{name}") as f:
