@@ -434,6 +434,41 @@ def test_the_kernel_probe_reports_calls_and_their_ends(tmp_path: Path,
     assert entry["memory_peak"] == 300 * MiB and entry["inside"]["at_exec"] is False
 
 
+def test_a_call_whose_exit_event_comes_late_is_still_learned_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy loop can read a call's EV_EXIT well after its cgroup emptied: the program it ran
+    is learned then (it used to be dropped when the exit came more than 0.5 s late)."""
+    agents, _cg, moves = _setup(tmp_path, monkeypatch, source="bpf")
+
+    async def scenario() -> None:
+        agents.start()
+        try:
+            await _until(lambda: agents.probe is not None)
+            probe = FakeProbe.instances[-1]
+            box = agents.boxes["box"]
+            child = subprocess.Popen(["sleep", "0.2"])
+            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\x000.2\x00":
+                await asyncio.sleep(0.001)
+            probe.push(probe_mod.Event(probe_mod.EV_CALL, child.pid, os.getpid(), box.number,
+                                       time.monotonic_ns(), 0))
+            await _until(lambda: len(moves) == 1)
+            [call] = agents.calls.values()
+            Path(call.cgroup, "memory.peak").write_text(f"{300 * MiB}\n")
+            child.wait()
+            agents._ended(call.name)
+            await _until(lambda: (tmp_path / "calls.jsonl").exists())
+            await asyncio.sleep(0.3)
+            assert agents.learned == set()
+            probe.push(probe_mod.Event(probe_mod.EV_EXIT, child.pid, os.getpid(), box.number,
+                                       time.monotonic_ns(), 0, "bigprog"))
+            await _until(lambda: agents.learned == {"bigprog"})
+            assert "bigprog" in probe.eager and child.pid not in agents.by_pid
+        finally:
+            agents.stop()
+
+    asyncio.run(scenario())
+
+
 def test_without_the_probe_auto_falls_back_to_the_connector(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agents, _cg, _moves = _setup(tmp_path, monkeypatch, source="auto")

@@ -15,6 +15,8 @@ from .state import AgentsState, Call
 
 log = logging.getLogger("execgated.inside")
 
+FORGET_AFTER_S = 30.0  # how long an ended call waits for its exit event, at most
+
 
 class Ending(AgentsState):
     """From an emptied tool cgroup to the journal line."""
@@ -38,6 +40,9 @@ class Ending(AgentsState):
         gate = self.engine.done(name) if call.managed else None
         entry = outcome.conclude(call, end, gate)
         tell.tell_and_close(call, entry, c.stderr)  # the agent may be waiting for EOF
+        c.ended, c.peak = True, entry.get("memory_peak")
+        if c.exited.is_set():
+            self._learn(c, c.peak)  # else when its exit event comes (sources.py)
         assert self.loop is not None
         self.loop.run_in_executor(None, self._record, c, entry, end)
 
@@ -46,11 +51,15 @@ class Ending(AgentsState):
         if not v2.remove(c.cgroup):
             log.warning("inside call %s: cannot remove %s", c.name, c.cgroup)
         if not c.exited.wait(0.5) and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._forget_pid, c)
-        elif c.last_comm and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._learn, c, entry.get("memory_peak"))
+            self.loop.call_soon_threadsafe(self._forget_later, c)
         outcome.record(entry, c.status, end, self.cfg.journal, log)
         self.engine.journal_written()
+
+    def _forget_later(self, c: Call) -> None:
+        """Its exit event is late (a busy loop): it still carries the program to learn from,
+        and pids are reused only after their exit events, which come in order."""
+        assert self.loop is not None
+        self.loop.call_later(FORGET_AFTER_S, self._forget_pid, c)
 
     def _forget_pid(self, c: Call) -> None:
         if self.by_pid.get(c.pid) is c:

@@ -262,6 +262,8 @@ class EventSources(AgentsState):
                     call.status = ev.status
                     call.last_comm = ev.comm
                     call.exited.set()
+                    if call.ended:  # its cgroup emptied first (ending.py)
+                        self._learn(call, call.peak)
                 else:  # its EV_CALL may be behind it (inside.bpf.c: timer and exit race)
                     self._early_exits[ev.tgid] = ev.ns
                     if len(self._early_exits) > MAX_EARLY_EXITS:

@@ -49,6 +49,8 @@ class Call:
     status: int | None = None
     last_comm: str = ""  # the program it ran last (the kernel's exit event), for learning
     exited: threading.Event = field(default_factory=threading.Event)
+    ended: bool = False  # its cgroup emptied (the exit event may come before or after)
+    peak: int | None = None  # its memory.peak when it ended, for learning
     wait: asyncio.Task[None] | None = None
 
     @property
