@@ -464,9 +464,9 @@ class ExecgateHands:
         # engine._step: while swap counts, the kernel pushes out what calls need; the idle
         # room serves only while it does not
         self.credit = self._swap_credit(self.physical)
-        offer = self.idle_room.offer(bool(self.waiting)) \
-            if self.idle_room is not None and not self.credit else 0
         self.reading = self._assess(growths, self.credit) if self.credit else self.physical
+        offer = self.idle_room.offer(self._needs_idle_room()) \
+            if self.idle_room is not None and not self.credit else 0
         if self.idle_room is None:
             decisions = self.admission.step(self.reading)
         else:
@@ -480,6 +480,15 @@ class ExecgateHands:
             self.stats.forced += d.forced
             self.stats.waits.append(d.waited_s)
         return decisions
+
+    def _needs_idle_room(self) -> bool:
+        """engine._needs_idle_room: calls wait and, at green, do not all fit (a policy
+        without queued_bytes: whenever calls wait)."""
+        if not self.waiting:
+            return False
+        queued = getattr(self.admission, "queued_bytes", None)
+        return queued is None or bool(self.reading.state) or \
+            queued() > self.reading.effective_headroom
 
     def tick(self, dt: float) -> tuple[list[Decision], list[str]]:
         """One period: admission, the growth gate, residency. Returns the admissions and the

@@ -92,9 +92,9 @@ def test_an_active_sandboxs_cold_baseline_counts_for_calls(tmp_path: Path,
         monkeypatch.setattr(eng.residency, "swap_free", lambda: 1 << 30)  # type: ignore
         eng.tick()
         assert eng.submit(_call(0, "busy", 60 * MiB))[1].done()  # 96 MiB free
-        assert eng.residency.cold_bytes("busy") == 100 * MiB
         # 36 MiB free beside it; the busy sandbox's cold 100 MiB is the kernel's to push out
         assert eng.submit(_call(1, "b", 60 * MiB))[1].done()
+        assert eng.residency.cold_bytes("busy") == 100 * MiB
         eng.idle_room.cfg = HeadroomConfig(count_cold=False)
         eng.idle_room.measured_at = float("-inf")
         assert not eng.submit(_call(2, "c", 60 * MiB))[1].done()
@@ -164,3 +164,29 @@ def test_a_quiet_agents_whole_memory_is_cold_a_busy_ones_inactive_lists_only(
     cpu.write_text("usage_usec 6000000\n")  # 0.5 CPU over the last 2 s: at work
     assert res.cold_bytes("busy") == 10 * MiB
     assert res.cold_bytes("busy", 5 * MiB) == 5 * MiB  # anonymous only as far as swap has room
+
+
+def test_idle_sandboxes_are_measured_only_when_the_queue_does_not_fit(tmp_path: Path) -> None:
+    """Every request steps admission; measuring what idle sandboxes can give back reads each
+    one's memory.stat, which at 1x was most of the daemon's request CPU. A call that fits the
+    headroom at green is admitted without it; one that does not fit still gets the idle room."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path)  # 256 MiB, S 32 MiB
+        bed.sandbox("idle", 120 * MiB, file=120 * MiB)
+        eng = bed.engine
+        measured: list[bool] = []
+        real = eng.residency.pushable
+
+        def pushable(cold: bool) -> int:
+            measured.append(cold)
+            return real(cold)
+
+        eng.residency.pushable = pushable  # type: ignore[method-assign]
+        eng.tick()
+        assert eng.submit(_call(0, "a", 60 * MiB))[1].done()
+        assert measured == [] and eng.snapshot()["idle_room"]["offered_bytes"] == 0
+        assert eng.submit(_call(1, "b", 60 * MiB))[1].done()  # on the idle sandbox's room
+        assert len(measured) == 1
+        assert eng.snapshot()["idle_room"]["admissions_on_idle"] == 1
+
+    asyncio.run(scenario())
