@@ -5,7 +5,10 @@ wall clocks, and under TCG the wall clock is mostly other processes' time.
 Run execgated under it (a systemd drop-in's ExecStart):
     python3 -m bench.daemon_profile OUT.json [INTERVAL_MS] [-- DAEMON ARGS...]
 OUT.json is rewritten every WRITE_S: CPU seconds by function (self: the frame running; cum: any
-frame on the stack) and by the loop's stage or request handler it ran under.
+frame on the stack) and by the loop's stage or request handler it ran under. A sample takes
+the GIL: at 5 ms under TCG the sampler cost as much CPU as the daemon; the default is 20 ms.
+CPU used between two samples goes to the second one's stack: work that ends in a wait shows as
+the wait (selectors.select), so read the stage and cum columns, not select's self time.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class Sampler:
 def main() -> None:
     args = sys.argv[1:]
     out = args.pop(0)
-    interval_ms = float(args.pop(0)) if args and args[0] != "--" else 5.0
+    interval_ms = float(args.pop(0)) if args and args[0] != "--" else 20.0
     if args and args[0] == "--":
         args.pop(0)
     sampler = Sampler(out, interval_ms / 1000)
