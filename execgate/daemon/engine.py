@@ -13,10 +13,12 @@ been gone for a grace period.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,7 @@ from execgate.policy.pressure import (
     assess_pressure,
     effective_margin,
     held_bytes,
+    region_limits,
 )
 from execgate.policy.swap_credit import SwapCredit, swap_room
 
@@ -68,6 +71,10 @@ JOURNAL_LINE_S = 120.0
 # backlog of a million lines never holds the event loop; the daemon steps again soon while
 # the follower is behind (main.py's control loop).
 JOURNAL_STEP_S = 0.02
+# A calm domain (Engine._calm) is judged on how fast it grew over this window, from samples at
+# least CALM_MIN_DT_S apart.
+CALM_WINDOW_S = 3.0
+CALM_MIN_DT_S = 0.05
 RISE_STEP = 1.05  # a call's memory sample is kept for its time to peak when 5 % above the last
 
 
@@ -189,6 +196,7 @@ class Engine:
         self.reading: PressureReading | None = None
         self.sample: DomainSample | None = None
         self.sampled_at = float("-inf")
+        self._used: deque[tuple[float, int]] = deque()  # (when, used) within CALM_WINDOW_S
         self.wake = asyncio.Event()  # a request for the control loop: tick now
         self.loop = LoopStats()
         self.started = time.time()
@@ -352,17 +360,45 @@ class Engine:
             log.exception("control loop: stage %s failed (%d times so far)", name, n)
 
     def period(self) -> float:
-        """The control period: 100 ms while calls run or wait or the domain is under pressure
-        (the growth gate needs it), longer while idle, so an idle host pays for little."""
+        """The control period: 100 ms while calls wait or the domain is under pressure (the
+        growth gate needs it) and while calls run unless the domain is calm; longer while idle,
+        so an idle host pays for little. Requests wake the loop at once."""
         d = self.settings.daemon
-        if self.calls or self.pending or self.sandboxes.waiting or self.reading is None or \
-                self.reading.state:
+        if self.pending or self.sandboxes.waiting or self.reading is None or self.reading.state:
             return d.sample_period_s
+        if self.calls:
+            return max(d.calm_period_s, d.sample_period_s) if self._calm() else \
+                d.sample_period_s
         return max(d.idle_period_s, d.sample_period_s)
+
+    def _calm(self) -> bool:
+        """At green, calls running: whether the domain can go a longer period unsampled. The
+        yellow and red regions absorb what calls grow beyond their predictions before the loop
+        reacts; a calm period asks more room than that: calm_margin_bytes above the yellow
+        limit, plus what the domain would add over two such periods at the fastest rate it
+        grew in the last CALM_WINDOW_S. At 1x, ticks were most of the daemon's CPU."""
+        d, r = self.settings.daemon, self.reading
+        if d.calm_period_s <= d.sample_period_s or r is None or r.state:
+            return False
+        _red, yellow = region_limits(self.settings.pressure, r.budget)
+        room = r.effective_headroom - yellow - d.calm_margin_bytes
+        return room > 2 * d.calm_period_s * self._growth_rate()
+
+    def _growth_rate(self) -> float:
+        """The fastest the domain's usage rose between two samples in the last CALM_WINDOW_S,
+        in bytes per second (0 when it only fell)."""
+        used = list(self._used)
+        return max(((u1 - u0) / (t1 - t0) for (t0, u0), (t1, u1) in itertools.pairwise(used)
+                    if t1 > t0), default=0.0)
 
     def _sample_domain(self) -> None:
         self.sample = self.domain.sample()
         self.sampled_at = self.clock()
+        if not self._used or self.sampled_at - self._used[-1][0] >= CALM_MIN_DT_S:
+            self._used.append((self.sampled_at, self.sample.used))  # (a request's resample
+            # moments after a tick would make a rate of noise)
+        while self._used and self._used[0][0] < self.sampled_at - CALM_WINDOW_S:
+            self._used.popleft()
         self.swap_credit.observe(self.sampled_at, self.sample.refault_bytes, self.sample.budget)
 
     def _step_sandboxes(self) -> None:

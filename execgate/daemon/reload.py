@@ -29,7 +29,8 @@ ALL = None  # every key of the table is live
 # Per table, the keys a reload changes at once (the others, and tables not here, need a
 # restart).
 LIVE: dict[str, frozenset[str] | None] = {
-    "daemon": frozenset({"sample_period_s", "idle_period_s", "priority_sandboxes",
+    "daemon": frozenset({"sample_period_s", "idle_period_s", "calm_period_s",
+                         "calm_margin_bytes", "priority_sandboxes",
                          "admission_slack_s", "vanish_grace_s"}),
     "pressure": ALL,
     "admission": ALL,

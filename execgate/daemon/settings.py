@@ -40,6 +40,11 @@ class DaemonConfig:
     sample_period_s: float = 0.1
     # ... while nothing runs, waits or is under pressure (a request wakes the loop at once).
     idle_period_s: float = 0.5
+    # ... while calls run at green, nothing waits, and the domain is calm: its effective
+    # headroom above the yellow limit, less calm_margin_bytes, exceeds what it would add over
+    # two such periods at the fastest rate it grew lately (0 = every sample period).
+    calm_period_s: float = 0.3
+    calm_margin_bytes: int = 256 << 20
     # Tool-call history (training data for prediction).
     store: str = "/var/lib/execgate/history.sqlite"
     # How long the runtime waits for an admission answer beyond max_admission_wait.

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,14 +27,15 @@ class Clock:
         return self.t
 
 
-def _engine(tmp: Path, budget: int, used: int) -> tuple[Engine, Clock, Path]:
+def _engine(tmp: Path, budget: int, used: int, **daemon: Any) -> tuple[Engine, Clock, Path]:
     dom = tmp / "domain"
     dom.mkdir()
     (dom / "memory.max").write_text(f"{budget}\n")
     (dom / "memory.current").write_text(f"{used}\n")
     journal = tmp / "calls.jsonl"
     cfg = Config(state_dir=str(tmp / "state"), journal=str(journal),
-                 tables={"daemon": {"domain": str(dom), "store": str(tmp / "h.sqlite")}})
+                 tables={"daemon": {"domain": str(dom), "store": str(tmp / "h.sqlite"),
+                                    **daemon}})
     s, errors = settings.load(cfg)
     assert errors == []
     clock = Clock()
@@ -250,7 +252,8 @@ def test_protocol_round_trip_and_versions() -> None:
 
 def test_the_loop_slows_down_only_while_nothing_runs_waits_or_presses(tmp_path: Path) -> None:
     async def scenario() -> None:
-        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB,
+                                       calm_period_s=0)  # calm periods: the next test
         eng.tick()
         assert eng.period() == 0.5 and not eng.wake.is_set()
         eng.submit(_admit_msg(0, 100 * MiB))
@@ -270,6 +273,47 @@ def test_the_loop_slows_down_only_while_nothing_runs_waits_or_presses(tmp_path: 
         clock.t += 0.5
         eng.submit(_admit_msg(1, 100 * MiB))
         assert not eng.reading.state
+
+    asyncio.run(scenario())
+
+
+def test_running_calls_tick_slower_while_the_domain_is_calm(tmp_path: Path) -> None:
+    """At green, calls running and none waiting, the loop ticks every calm_period_s while the
+    effective headroom clears the yellow limit by calm_margin_bytes plus two periods of the
+    fastest recent growth; every 100 ms otherwise (1 GiB: S 128 MiB, yellow at 256 MiB)."""
+    async def scenario() -> None:
+        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        current = tmp_path / "domain" / "memory.current"
+        eng.tick()
+        tool = tmp_path / "tool-0"
+        tool.mkdir()
+        (tool / "memory.current").write_text("0\n")
+        eng.submit({**_admit_msg(0, 100 * MiB), "cgroup": str(tool)})  # effective 732 MiB:
+        # 220 MiB above the margin
+        assert eng.wake.is_set()  # a request wakes the calm loop: the next tick re-judges
+        eng.tick()
+        assert eng.period() == 0.3
+        clock.t += 0.3
+        current.write_text(f"{94 * MiB}\n")  # 100 MiB/s: 60 MiB in two periods, 190 left
+        eng.tick()
+        assert eng.period() == 0.3
+        clock.t += 0.1
+        current.write_text(f"{134 * MiB}\n")  # 400 MiB/s: 240 MiB > the 150 MiB left
+        eng.tick()
+        assert not eng.reading.state and eng.period() == 0.1
+        clock.t += 3.1  # the burst leaves the window
+        eng.tick()
+        clock.t += 0.3
+        eng.tick()
+        assert eng.period() == 0.3
+        current.write_text(f"{480 * MiB}\n")  # green (effective 316 MiB), but no margin
+        clock.t += 3.1
+        eng.tick()
+        clock.t += 0.3
+        eng.tick()
+        assert not eng.reading.state and eng.period() == 0.1
+        eng.submit(_admit_msg(1, 900 * MiB))  # waits: every 100 ms
+        assert eng.pending and eng.period() == 0.1
 
     asyncio.run(scenario())
 
