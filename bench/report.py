@@ -173,6 +173,9 @@ def _daemon_cpu(total: float | None, loop: dict[str, Any] | None) -> str:
             if threads:
                 kind = max(threads, key=threads.__getitem__)
                 out += f"; {kind} {threads[kind]:.0f}"
+        periods = loop.get("periods") or {}
+        if sum(periods.values()):
+            out += f"; {100 * periods.get('calm', 0) / sum(periods.values()):.0f} % calm"
         out += ")"
     return out
 

@@ -116,6 +116,7 @@ class LoopStats:
     max_wall_s: float = 0.0
     stage_errors: dict[str, int] = field(default_factory=dict)  # failures by tick stage
     stage_cpu_s: dict[str, float] = field(default_factory=dict)  # tick CPU by stage
+    periods: dict[str, int] = field(default_factory=dict)  # waits after a tick, by kind
 
     def add_stage(self, name: str, cpu_s: float) -> None:
         self.stage_cpu_s[name] = self.stage_cpu_s.get(name, 0.0) + cpu_s
@@ -135,6 +136,7 @@ class LoopStats:
                 "last_wall_ms": 1e3 * self.last_wall_s, "max_wall_ms": 1e3 * self.max_wall_s,
                 "stage_errors": dict(self.stage_errors),
                 "stage_cpu_s": {k: round(v, 3) for k, v in self.stage_cpu_s.items()},
+                "periods": dict(self.periods),  # sample, calm, idle
                 # every thread's, the loop's included: the rest is requests, reclaim, the store
                 "process_cpu_s": round(time.process_time(), 3),
                 "threads_cpu_s": thread_cpu.snapshot()}  # MainThread: the loop and requests
@@ -370,6 +372,13 @@ class Engine:
             return max(d.calm_period_s, d.sample_period_s) if self._calm() else \
                 d.sample_period_s
         return max(d.idle_period_s, d.sample_period_s)
+
+    def next_period(self) -> float:
+        """period(), counted by kind for the loop's snapshot (the control loop's wait)."""
+        period, d = self.period(), self.settings.daemon
+        kind = "sample" if period <= d.sample_period_s else "calm" if self.calls else "idle"
+        self.loop.periods[kind] = self.loop.periods.get(kind, 0) + 1
+        return period
 
     def _calm(self) -> bool:
         """At green, calls running: whether the domain can go a longer period unsampled. The

@@ -346,7 +346,7 @@ class Daemon:
             except Exception:
                 log.exception("control loop iteration failed")
             wake.clear()
-            due = time.monotonic() + self.engine.period()
+            due = time.monotonic() + self.engine.next_period()
             await self.catch_up(due)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=max(due - time.monotonic(), 0))

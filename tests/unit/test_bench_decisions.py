@@ -239,13 +239,15 @@ def test_an_attempt_gets_where_its_containers_ops_spent_their_time() -> None:
 
 def test_the_daemon_loop_over_a_run_is_the_difference_of_its_counters() -> None:
     before = {"iterations": 10, "cpu_s": 1.0, "wall_s": 2.0, "process_cpu_s": 3.0,
-              "stage_cpu_s": {"calls": 0.5}}
+              "stage_cpu_s": {"calls": 0.5}, "periods": {"sample": 4, "idle": 6}}
     after = {"iterations": 110, "cpu_s": 4.0, "wall_s": 6.0, "process_cpu_s": 9.0,
              "stage_cpu_s": {"calls": 1.5, "residency": 2.0},
-             "threads_cpu_s": {"MainThread": 5.0, "follow": 1.0}}
+             "threads_cpu_s": {"MainThread": 5.0, "follow": 1.0},
+             "periods": {"sample": 54, "calm": 40, "idle": 16}}
     assert loop_delta(before, after) == {
         "iterations": 100, "wall_s": 4.0, "cpu_s": 3.0, "process_cpu_s": 6.0,
         "stage_cpu_s": {"calls": 1.0, "residency": 2.0},
-        "threads_cpu_s": {"MainThread": 5.0, "follow": 1.0}}
+        "threads_cpu_s": {"MainThread": 5.0, "follow": 1.0},
+        "periods": {"sample": 50, "calm": 40, "idle": 10}}
     assert loop_delta(before, None) is None
     assert loop_delta(after, before) is None  # the daemon restarted mid-run

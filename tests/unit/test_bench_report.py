@@ -218,3 +218,8 @@ def test_the_why_table_says_the_daemons_own_cpu(results: dict[str, Any]) -> None
     rows = [line for line in why.splitlines() if line.startswith("| ")][1:]
     assert rows[-1].split("|")[-2].strip() == \
         "466 (loop 218; sandboxes 102; requests 82; follow 90)"
+    run["daemon_loop"]["periods"] = {"sample": 300, "calm": 600, "idle": 100}
+    why = report.markdown(results).split("## ")[1].split("Why (")[1]
+    rows = [line for line in why.splitlines() if line.startswith("| ")][1:]
+    assert rows[-1].split("|")[-2].strip() == \
+        "466 (loop 218; sandboxes 102; requests 82; follow 90; 60 % calm)"

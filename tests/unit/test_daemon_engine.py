@@ -312,8 +312,16 @@ def test_running_calls_tick_slower_while_the_domain_is_calm(tmp_path: Path) -> N
         clock.t += 0.3
         eng.tick()
         assert not eng.reading.state and eng.period() == 0.1
+        assert eng.next_period() == 0.1
         eng.submit(_admit_msg(1, 900 * MiB))  # waits: every 100 ms
         assert eng.pending and eng.period() == 0.1
+        eng.cancel("tool-1")
+        assert eng.next_period() == 0.1  # (not calm: the burst's margin is gone)
+        current.write_text(f"{64 * MiB}\n")
+        clock.t += 3.1
+        eng.tick()
+        assert eng.next_period() == 0.3
+        assert eng.snapshot()["loop"]["periods"] == {"sample": 2, "calm": 1}
 
     asyncio.run(scenario())
 
