@@ -9,6 +9,7 @@ read from /proc; a thread that ends first adds its own CPU (`counted`).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -46,8 +47,9 @@ def snapshot() -> dict[str, float]:
     """CPU seconds by thread kind since the daemon started, ended threads included."""
     with _lock:
         out = dict(_ended)
+    me = os.getpid()
     for t in threading.enumerate():
-        cpu = procfs.cpu_s(t.native_id) if t.native_id is not None else None
+        cpu = procfs.cpu_s(t.native_id, me) if t.native_id is not None else None
         if cpu is not None:
             name = group(t.name)
             out[name] = out.get(name, 0.0) + cpu

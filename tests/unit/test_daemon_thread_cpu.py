@@ -43,6 +43,21 @@ def test_live_threads_are_read_from_proc() -> None:
         t.join()
 
 
+def test_a_live_thread_counts_its_own_cpu_not_its_processs() -> None:
+    """/proc/TID/stat counts the whole process: every live thread used to show the daemon's
+    total (6 Dec: journal-reader 91.8 s = MainThread's, asyncio 383 s over four workers)."""
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="idle-sleeper")
+    t.start()
+    try:
+        _burn(0.3)  # on the main thread
+        split = thread_cpu.snapshot()
+        assert split["idle-sleeper"] < 0.1 and split["MainThread"] >= 0.25, split
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_kinds_drop_per_call_and_per_worker_suffixes() -> None:
     assert [thread_cpu.group(n) for n in ("follow-tool-1a2b3c4d5e6f", "asyncio_0", "Thread-3",
                                           "ThreadPoolExecutor-0_1", "inside-ends", "reclaim")] \

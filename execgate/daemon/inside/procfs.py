@@ -14,8 +14,9 @@ import time
 from execgate.common.libc import libc
 
 
-def _stat_fields(pid: int) -> list[bytes]:
-    """The fields of /proc/PID/stat after the command name (0: state); [] once it is gone."""
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (0: state); [] once it is gone.
+    pid may be "TGID/task/TID": a thread's own (/proc/TID/stat counts its whole process)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -42,9 +43,10 @@ def started_ns(pid: int) -> int:
     return 0 if ticks is None else ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process, or of a thread by its id."""
-    fields = _stat_fields(pid)
+def cpu_s(pid: int, thread_of: int | None = None) -> float | None:
+    """User + system CPU seconds of a process, or of one of its threads by its id (thread_of:
+    the process's pid; /proc/TID/stat alone counts the whole process)."""
+    fields = _stat_fields(pid if thread_of is None else f"{thread_of}/task/{pid}")
     try:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
     except (ValueError, IndexError):
