@@ -477,4 +477,6 @@ def test_kill_releases_a_call_the_gate_holds(containers: Containers) -> None:
             f.result(timeout=600)
     assert call in spared, spared
     assert not still, "held again after its container was killed"
-    assert ended_s < 10, entry  # well inside the hold cap: released, not capped
+    # Released by the kill, not at the hold cap (20 s): held well under it in all, and ended
+    # before it. How soon the shell then exits is the host's: 10.4 s on a slow one (6 Dec).
+    assert entry["held_s"] < 10 and ended_s < 20, entry

@@ -252,8 +252,7 @@ def test_protocol_round_trip_and_versions() -> None:
 
 def test_the_loop_slows_down_only_while_nothing_runs_waits_or_presses(tmp_path: Path) -> None:
     async def scenario() -> None:
-        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB,
-                                       calm_period_s=0)  # calm periods: the next test
+        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
         eng.tick()
         assert eng.period() == 0.5 and not eng.wake.is_set()
         eng.submit(_admit_msg(0, 100 * MiB))
@@ -282,7 +281,8 @@ def test_running_calls_tick_slower_while_the_domain_is_calm(tmp_path: Path) -> N
     effective headroom clears the yellow limit by calm_margin_bytes plus two periods of the
     fastest recent growth; every 100 ms otherwise (1 GiB: S 128 MiB, yellow at 256 MiB)."""
     async def scenario() -> None:
-        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB)
+        eng, clock, _journal = _engine(tmp_path, budget=1024 * MiB, used=64 * MiB,
+                                       calm_period_s=0.3)  # (off by default)
         current = tmp_path / "domain" / "memory.current"
         eng.tick()
         tool = tmp_path / "tool-0"
