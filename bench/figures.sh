@@ -49,6 +49,11 @@ sim() {
             "$python" -m bench.sim validate "$f" --policy-rev e0d3b6e \
                 --out "$s/validate-light-e0d3b6e/$(basename "$f" .json.gz)"
         done
+        # Light load (1x) after the request cut, and with calm periods (repeats 3-4).
+        for f in docs/replay/light-load-a44c17b/results-*.json.gz; do
+            "$python" -m bench.sim validate "$f" --policy-rev a44c17b \
+                --out "$s/validate-light-a44c17b/$(basename "$f" .json.gz)"
+        done
         # Every fleet boot in its own fit and at its own policy (the directory's revision), with
         # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
         for f in docs/replay/fleet/*-*/repeat-*.json.gz docs/replay/sweep-*/repeat-*.json.gz; do
