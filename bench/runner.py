@@ -388,7 +388,7 @@ def loop_delta(before: dict[str, Any], after: dict[str, Any] | None) -> dict[str
     for split in ("stage_cpu_s", "threads_cpu_s", "periods"):  # the loop's by stage, the
         # process's by thread, the loop's waits by kind
         was = before.get(split) or {}
-        out[split] = {k: round(v - was.get(k, 0.0), 3) for k, v in (after.get(split) or {}).items()}
+        out[split] = {k: round(v - was.get(k, 0), 3) for k, v in (after.get(split) or {}).items()}
     if any(isinstance(v, (int, float)) and v < 0 for v in out.values()):
         return None
     return out
