@@ -114,6 +114,22 @@ async def _until(cond: Any, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _probe_up(agents: InsideAgents) -> tuple[FakeProbe, Box]:
+    """The (fake) kernel probe once it has loaded on its worker thread, and the test's box."""
+    await _until(lambda: agents.probe is not None)
+    return FakeProbe.instances[-1], agents.boxes["box"]
+
+
+async def _call_on_probe(probe: FakeProbe, box: Box, seconds: str) -> subprocess.Popen[bytes]:
+    """A `sleep SECONDS` of the agent (this process), reported by the probe once exec'd."""
+    child = subprocess.Popen(["sleep", seconds])
+    while Path(f"/proc/{child.pid}/cmdline").read_bytes() != f"sleep\0{seconds}\0".encode():
+        await asyncio.sleep(0.001)
+    probe.push(probe_mod.Event(probe_mod.EV_CALL, child.pid, os.getpid(), box.number,
+                               time.monotonic_ns(), 0))
+    return child
+
+
 def _setup(tmp: Path, monkeypatch: pytest.MonkeyPatch, freeze: str = "queued",
            place_after_ms: float = 5.0, source: str = "connector"
            ) -> tuple[InsideAgents, Path, list[tuple[int, str]]]:
@@ -394,17 +410,11 @@ def test_the_kernel_probe_reports_calls_and_their_ends(tmp_path: Path,
     async def scenario() -> dict[str, Any]:
         agents.start()
         try:
-            await _until(lambda: agents.probe is not None)
-            probe = FakeProbe.instances[-1]
-            box = agents.boxes["box"]
+            probe, box = await _probe_up(agents)
             assert probe.agents == {os.getpid(): (box.number, False)}
             assert probe.slice_ns == 5_000_000
             assert {"python3", "pytest"} <= probe.eager  # placed at exec by default
-            child = subprocess.Popen(["sleep", "0.3"])
-            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\x000.3\x00":
-                await asyncio.sleep(0.001)
-            probe.push(probe_mod.Event(probe_mod.EV_CALL, child.pid, os.getpid(), box.number,
-                                       time.monotonic_ns(), 0))
+            child = await _call_on_probe(probe, box, "0.3")
             await asyncio.sleep(0.05)
             assert [p for p, _ in moves] == [child.pid]
             [call] = agents.calls.values()
@@ -443,14 +453,8 @@ def test_a_call_whose_exit_event_comes_late_is_still_learned_from(
     async def scenario() -> None:
         agents.start()
         try:
-            await _until(lambda: agents.probe is not None)
-            probe = FakeProbe.instances[-1]
-            box = agents.boxes["box"]
-            child = subprocess.Popen(["sleep", "0.2"])
-            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\x000.2\x00":
-                await asyncio.sleep(0.001)
-            probe.push(probe_mod.Event(probe_mod.EV_CALL, child.pid, os.getpid(), box.number,
-                                       time.monotonic_ns(), 0))
+            probe, box = await _probe_up(agents)
+            child = await _call_on_probe(probe, box, "0.2")
             await _until(lambda: len(moves) == 1)
             [call] = agents.calls.values()
             Path(call.cgroup, "memory.peak").write_text(f"{300 * MiB}\n")
@@ -596,9 +600,7 @@ def test_an_exit_before_its_call_event_places_nothing(tmp_path: Path,
     async def scenario() -> None:
         agents.start()
         try:
-            await _until(lambda: agents.probe is not None)
-            probe = FakeProbe.instances[-1]
-            box = agents.boxes["box"]
+            probe, box = await _probe_up(agents)
             child = subprocess.Popen(["true"])  # a zombie of the agent (this process)
             while Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0] != "Z":
                 await asyncio.sleep(0.001)
