@@ -396,9 +396,9 @@ class Engine:
     def _growth_rate(self) -> float:
         """The fastest the domain's usage rose between two samples in the last CALM_WINDOW_S,
         in bytes per second (0 when it only fell)."""
-        used = list(self._used)
-        return max(((u1 - u0) / (t1 - t0) for (t0, u0), (t1, u1) in itertools.pairwise(used)
-                    if t1 > t0), default=0.0)
+        return max(((u1 - u0) / (t1 - t0)
+                    for (t0, u0), (t1, u1) in itertools.pairwise(self._used) if t1 > t0),
+                   default=0.0)
 
     def _sample_domain(self) -> None:
         self.sample = self.domain.sample()
