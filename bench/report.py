@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import cpu_ledger
 from execgate.common.units import MiB
 
 # Scheme colours, stable across plots; unknown schemes cycle through the rest.
@@ -222,6 +223,13 @@ def markdown(results: dict[str, Any]) -> str:
         out += ["", _table([_row(r) for r in runs], HEADER), ""]
         out += ["Why (per call in results.json: `calls[].daemon`, `calls[].residency`, "
                 "`kills`):", "", _table([_why_row(r) for r in runs], WHY_HEADER), ""]
+        cpu = [(r, cpu_ledger.row(r)) for r in runs]
+        if any(c for _r, c in cpu):
+            out += ["Where the host's CPU went over each run (cgroup `cpu.stat`; under TCG "
+                    "one host thread runs every vCPU, so CPU one party spends the others do "
+                    "not get; `cpu_ledger` in results.json has every cgroup):", "",
+                    _table([[label(r), *c] for r, c in cpu if c],
+                           ["scheme", *cpu_ledger.HEADER]), ""]
         if point.get("skipped"):
             out += ["Not run at this point: " + "; ".join(point["skipped"]) + ".", ""]
         static = sorted((r for r in results["runs"]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import decisions, kills
+from bench import cpu_ledger, decisions, kills
 from bench import swap as swap_mod
 from bench.host import LABEL, Host, Log, oom_kill_count
 from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
@@ -438,12 +438,17 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
                        fill_ratio=workload.fill_ratio, hot_calls=workload.hot_calls)
         rep.abort = abort
         counters = host.memory_counters()
+        ledger_before = cpu_ledger.snapshot()
         cpu_before = host.daemon_cpu_s() if scheme.daemon else None
         loop_before = host.daemon_loop() if scheme.daemon else None
         try:
             result = rep.run()
         finally:
             host.stop_events()
+        ledger = cpu_ledger.delta(ledger_before, cpu_ledger.snapshot())
+        result["cpu_ledger"] = ledger  # CPU s by cgroup over the run, and the host's idle
+        result["cpu_parties"] = cpu_ledger.parties(
+            ledger, os.path.relpath(host.cgroup, cpu_ledger.ROOT))
         cpu_after = host.daemon_cpu_s() if cpu_before is not None else None
         if cpu_before is not None and cpu_after is not None:
             # execgated's own CPU over the run (memory.reclaim's compression included): under

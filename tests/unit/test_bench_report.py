@@ -223,3 +223,16 @@ def test_the_why_table_says_the_daemons_own_cpu(results: dict[str, Any]) -> None
     rows = [line for line in why.splitlines() if line.startswith("| ")][1:]
     assert rows[-1].split("|")[-2].strip() == \
         "466 (loop 218; sandboxes 102; requests 82; follow 90; 60 % calm)"
+
+
+def test_the_cpu_table_shows_where_the_hosts_cpu_went(results: dict[str, Any]) -> None:
+    """At 1x the latency ratio follows the CPU the schemes' own parts take from the
+    sandboxes under TCG; the report shows it by party for the runs that recorded it."""
+    assert "Where the host's CPU went" not in report.markdown(results)
+    results["runs"][4]["cpu_parties"] = {"busy": 610.2, "idle": 3.0, "sandboxes": 380.0,
+                                         "engine": 130.0, "execgated": 88.0, "other": 12.2}
+    part = report.markdown(results).split("## ")[1].split("Where the host's CPU went")[1]
+    rows = [line for line in part.splitlines() if line.startswith("| ")]
+    assert [c.strip() for c in rows[-1].split("|")[1:-1]] == \
+        ["execgate", "610", "380", "130", "88", "12", "3"]
+    assert len(rows) == 2  # the header and the one run with a ledger
