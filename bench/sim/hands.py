@@ -482,8 +482,11 @@ class ExecgateHands:
         return decisions
 
     def _needs_idle_room(self) -> bool:
-        """engine._needs_idle_room: calls wait and, at green, do not all fit (a policy
-        without queued_bytes: whenever calls wait)."""
+        """Admission.needs_idle_room, where the policy has it. Before it did, the engine
+        asked the same of queued_bytes (5534de3), and whenever calls waited without it."""
+        needs = getattr(self.admission, "needs_idle_room", None)
+        if needs is not None:
+            return bool(needs(self.reading))
         if not self.waiting:
             return False
         queued = getattr(self.admission, "queued_bytes", None)

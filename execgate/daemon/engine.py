@@ -453,7 +453,8 @@ class Engine:
             self._sample_domain()  # a request after an idle period: no stale headroom or swap
         self.credit = self._swap_credit()
         self.reading = self._assess(self.credit)
-        offer = 0 if self.credit else self.idle_room.offer(self._needs_idle_room(self.reading))
+        offer = 0 if self.credit else \
+            self.idle_room.offer(self.admission.needs_idle_room(self.reading))
         decisions = self.admission.step(self.reading, offer)
         first = self.admission.first_in_line
         self.idle_room.settle(self.admission.borrowed_bytes, first.deficit_bytes if first else 0)
@@ -472,16 +473,6 @@ class Engine:
                                 probe=decision.probe, overheld=decision.overheld,
                                 charge=decision.charge_bytes,
                                 reason=decision.reason, state=str(self.reading.state))
-
-    def _needs_idle_room(self, reading: PressureReading) -> bool:
-        """Whether what idle sandboxes can give back could change this step's admissions:
-        calls wait and, at green, their predicted peaks do not all fit the effective headroom
-        (then every one fits with or without it). Measuring it reads each idle sandbox's
-        memory.stat, and every request steps: at 1x that was most of the CPU the daemon spent
-        on requests (VM profile, bench/daemon_profile.py)."""
-        if not self.pending:
-            return False
-        return bool(reading.state) or self.admission.queued_bytes() > reading.effective_headroom
 
     def _swap_credit(self) -> int:
         """The domain's swap room that counts as available now (policy/swap_credit.py)."""

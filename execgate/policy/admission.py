@@ -335,6 +335,15 @@ class Admission:
         """Predicted peaks of the calls still waiting: room that would let them start."""
         return self._queued_bytes
 
+    def needs_idle_room(self, reading: PressureReading) -> bool:
+        """Whether what idle sandboxes can give back could change the next step's admissions:
+        calls wait and, at green, their predicted peaks do not all fit the effective headroom
+        (then each fits with or without it). Measuring that room reads each idle sandbox's
+        memory.stat, and every request steps: at 1x it was most of the CPU the daemon spent on
+        requests (VM profile, bench/daemon_profile.py)."""
+        return bool(self._queued) and (
+            bool(reading.state) or self._queued_bytes > reading.effective_headroom)
+
     def snapshot(self) -> dict[str, Any]:
         """JSON-ready view for `execgatectl status`: queues, running calls, charges, credit."""
         now = self.clock()

@@ -698,3 +698,18 @@ def test_queued_bytes_running_total_equals_the_sum_over_the_queue() -> None:
         h.clock.advance(rng.choice((0.1, 5.0, 40.0)))
         assert h.adm.queued_bytes() == sum(e.demand.peak_bytes for e in h.adm._queued.values())
     assert h.adm._running and h.adm._queued  # both kinds were exercised
+
+
+def test_the_idle_room_is_needed_only_when_the_queue_does_not_fit_at_green() -> None:
+    """Measuring what idle sandboxes could give back costs a memory.stat read per sandbox on
+    every request; at green, when every waiting call's predicted peak fits, each is admitted
+    with or without it, so it is not measured."""
+    h = Harness()
+    assert not h.adm.needs_idle_room(reading(eff=1 * GiB))  # nothing waits
+    h.submit("a", 300 * MiB)
+    h.submit("b", 300 * MiB, sandbox="sb2")
+    assert not h.adm.needs_idle_room(reading(eff=1 * GiB))  # 600 MiB fit
+    assert h.adm.needs_idle_room(reading(eff=500 * MiB))  # they do not all fit
+    assert h.adm.needs_idle_room(reading(YELLOW, eff=1 * GiB))  # not green
+    assert h.ids(reading(eff=1 * GiB)) == ["a", "b"]
+    assert not h.adm.needs_idle_room(reading(YELLOW, eff=0))  # the queue is empty again
