@@ -325,6 +325,7 @@ class FakeHost:
         self.used = 0
         self.n = 0
         self.run_timeouts: list[float] = []
+        self.counter_reads = 0
 
     def docker(self, *args: str, timeout: float = 0) -> subprocess.CompletedProcess[str]:
         with self.lock:
@@ -364,6 +365,7 @@ class FakeHost:
         return 0
 
     def memory_counters(self) -> dict[str, float]:
+        self.counter_reads += 1
         return {"refault_bytes": 0, "swap_out_bytes": 0, "swap_in_bytes": 0, "stall_s": 0.0}
 
     def swap_stats(self) -> None:
@@ -496,3 +498,17 @@ def test_the_daemons_cpu_is_systemds_account_of_its_unit(
         argv, 0, out, ""))
     h = host_mod.Host("bench.slice", "img", "/nonexistent.toml", host_mod.Log(None, quiet=True))
     assert h.daemon_cpu_s() == cpu
+
+
+def test_the_sampler_reads_the_slice_counters_once_a_second_not_every_sample() -> None:
+    """memory.stat and PSI are cumulative; read at every 150-ms sample they cost the saturated
+    TCG VM CPU the schemes under test did not get."""
+    from bench.runner import COUNTERS_EVERY_S
+
+    host = FakeHost(1000 * MiB)
+    tasks = [Task("t0", [LlmWait(0.01), _call(10, 1.2), LlmWait(0.01)], 0)]
+    out = _replay(S.EAGER, tasks, 1000 * MiB, host)
+    rows = out["samples"]["rows"]
+    span = rows[-1][0] - rows[0][0]
+    assert len(rows) > 20  # sampled every 10 ms
+    assert host.counter_reads <= span / COUNTERS_EVERY_S + 2
