@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bench import sysfs
+from execgate.cgroups import v2
+
 ROOT = "/sys/fs/cgroup"
 # The units whose CPU is the engine's: the daemons, their shims, and the runtime they call
 # (runc, or execgate's front and its per-exec watcher), which runs in the shim's cgroup.
@@ -21,14 +24,9 @@ DAEMON_UNIT = "execgated.service"
 
 
 def _usage_s(cg: str) -> float | None:
-    try:
-        with open(os.path.join(cg, "cpu.stat"), "rb") as f:
-            for line in f:
-                if line.startswith(b"usage_usec "):
-                    return int(line.split()[1]) / 1e6
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    text = sysfs.read(os.path.join(cg, "cpu.stat"))
+    usec = None if text is None else v2.parse_keyed(text).get("usage_usec")
+    return None if usec is None else usec / 1e6
 
 
 def _proc_stat(path: str = "/proc/stat") -> tuple[float, float]:

@@ -54,7 +54,7 @@ sim() {
             "$python" -m bench.sim validate "$f" --policy-rev a44c17b \
                 --out "$s/validate-light-a44c17b/$(basename "$f" .json.gz)"
         done
-        # Light load (1x), eight pairs in two boots, calm periods in pairs a2-a3.
+        # Light load (1x), nine pairs in three boots, calm periods in pairs a2-a3.
         for f in docs/replay/light-load-96b11e1/results-*.json.gz; do
             "$python" -m bench.sim validate "$f" --policy-rev 96b11e1 \
                 --out "$s/validate-light-96b11e1/$(basename "$f" .json.gz)"
