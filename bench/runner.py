@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import cpu_ledger, decisions, kills
+from bench import cpu_ledger, decisions, host_state, kills
 from bench import swap as swap_mod
 from bench.host import LABEL, Host, Log, oom_kill_count
 from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
@@ -448,6 +448,7 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         rep.abort = abort
         counters = host.memory_counters()
         ledger_before = cpu_ledger.snapshot()
+        state_before = host_state.snapshot()
         cpu_before = host.daemon_cpu_s() if scheme.daemon else None
         loop_before = host.daemon_loop() if scheme.daemon else None
         try:
@@ -455,6 +456,7 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         finally:
             host.stop_events()
         ledger = cpu_ledger.delta(ledger_before, cpu_ledger.snapshot())
+        result["host_state"] = host_state.delta(state_before, host_state.snapshot())
         result["cpu_ledger"] = ledger  # CPU s by cgroup over the run, and the host's idle
         result["cpu_parties"] = cpu_ledger.parties(
             ledger, os.path.relpath(host.cgroup, cpu_ledger.ROOT))

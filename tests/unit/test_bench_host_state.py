@@ -1,0 +1,39 @@
+"""The host's memory state around a bench run, and the bench's CPU split in two."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import host_state
+
+
+def _fake(root: Path, faults: int, dying: int) -> tuple[Path, Path]:
+    cg, proc = root / "cg", root / "proc"
+    (cg / "system.slice" / "containerd.service").mkdir(parents=True, exist_ok=True)
+    (cg / "system.slice" / "containerd.service" / "memory.current").write_text("4096\n")
+    (cg / "cgroup.stat").write_text(f"nr_descendants 40\nnr_dying_descendants {dying}\n")
+    (proc / "self").mkdir(parents=True, exist_ok=True)
+    (proc / "meminfo").write_text("MemTotal:  6000 kB\nMemFree:   1000 kB\nCached:  200 kB\n")
+    (proc / "vmstat").write_text(f"pgfault {faults}\nthp_fault_fallback {faults // 10}\n"
+                                 "allocstall_dma32 2\nallocstall_normal 3\n")
+    (proc / "self" / "status").write_text("Name:\tpython3\nVmRSS:\t  5120 kB\nThreads:\t7\n")
+    return cg, proc
+
+
+def test_a_run_records_levels_before_and_after_and_the_counters_growth(tmp_path: Path) -> None:
+    cg, proc = _fake(tmp_path, 1000, 3)
+    before = host_state.snapshot(str(cg), str(proc))
+    assert before["meminfo"] == {"MemFree": 1000 * 1024, "Cached": 200 * 1024}
+    assert before["vmstat"]["allocstall"] == 5
+    assert before["driver"] == {"threads": 7, "rss_kib": 5120}
+    assert before["engine_bytes"] == {"containerd.service": 4096}
+    cg, proc = _fake(tmp_path, 1500, 9)
+    # A waited child's CPU lands in RUSAGE_CHILDREN: the bench's `docker` clients.
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
+    d = host_state.delta(before, host_state.snapshot(str(cg), str(proc)))
+    assert d["vmstat"]["pgfault"] == 500 and d["vmstat"]["thp_fault_fallback"] == 50
+    assert d["before"]["cgroups"]["nr_dying_descendants"] == 3
+    assert d["after"]["cgroups"]["nr_dying_descendants"] == 9
+    assert d["bench_cpu_s"]["clients"] > 0
