@@ -18,12 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import swap as swap_mod
+from bench.docker_api import ApiError, Client
 from bench.schemes import Scheme, slice_path
 from bench.sysfs import read as _read
 from execgate.ctl import configure_toml
 
 LABEL = "bench"
 CONFIG = "/etc/execgate/config.toml"
+# How the bench drives Docker: its Engine API (one Python process), or a `docker` CLI process
+# per operation, as every round before 6 Dec did (kept to compare with them).
+CLIENTS = ("api", "cli")
+EXEC_ERROR = 1  # the CLI's exit when dockerd refuses an exec (container gone or stopped)
 
 
 class BenchError(RuntimeError):
@@ -82,7 +87,12 @@ def oom_kill_count(cgroup: str) -> int:
 class Host:
     """Owns everything the benchmark changes on the host, and puts it back in `restore()`."""
 
-    def __init__(self, slice_name: str, image: str, config_path: str, log: Log) -> None:
+    def __init__(self, slice_name: str, image: str, config_path: str, log: Log,
+                 client: str = "api") -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"docker client {client!r}: one of {', '.join(CLIENTS)}")
+        self.client = client
+        self.api = Client()
         self.slice = slice_name
         self.cgroup = slice_path(slice_name)
         self.image = image
@@ -204,11 +214,87 @@ class Host:
     def docker(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         return _run(["docker", *args], timeout=timeout)
 
-    def exec(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        """One tool call's `docker exec` (a seam: tests replace the host)."""
-        return _run(argv, timeout=timeout)
+    # -- containers: what the replay does to Docker (a seam: tests replace the host) ----------
+
+    def run_sandbox(self, runtime: str, label: str, cmd: Sequence[str], shm_size: int,
+                    timeout: float) -> subprocess.CompletedProcess[str]:
+        """Create and start a container in the slice, as `docker run -d` does: stdout is its id
+        once created, so a start that failed or timed out still names the container dockerd
+        may go on starting; 124 is a timeout."""
+        if self.client == "cli":
+            return self.docker("run", "-d", "--runtime", runtime, "--cgroup-parent", self.slice,
+                               "--label", f"{LABEL}={label}", "--shm-size", str(shm_size),
+                               self.image, *cmd, timeout=timeout)
+        argv = ["create+start", runtime, *cmd]
+        try:
+            cid = self.api.create(self.image, list(cmd), runtime, self.slice, {LABEL: label},
+                                  shm_size, timeout)
+        except ApiError as e:
+            return subprocess.CompletedProcess(argv, 124 if e.timed_out else 125, "", e.message)
+        try:
+            self.api.start(cid, timeout)
+        except ApiError as e:
+            return subprocess.CompletedProcess(argv, 124 if e.timed_out else 125, cid + "\n",
+                                               e.message)
+        return subprocess.CompletedProcess(argv, 0, cid + "\n", "")
+
+    def exec_call(self, cid: str, cmd: Sequence[str], env: Sequence[str],
+                  timeout: float) -> subprocess.CompletedProcess[str]:
+        """One tool call's exec, attached, as `docker exec` runs it: the process's exit code,
+        126 when the runtime refused it, 1 when dockerd did (the container gone), 124 on
+        timeout."""
+        if self.client == "cli":
+            flags = [x for e in env for x in ("-e", e)]
+            return _run(["docker", "exec", *flags, cid, *cmd], timeout=timeout)
+        argv = ["exec", cid, *cmd]
+        try:
+            rc, out, err = self.api.exec(cid, list(cmd), list(env), timeout)
+        except ApiError as e:
+            return subprocess.CompletedProcess(argv, 124 if e.timed_out else EXEC_ERROR, "",
+                                               e.message)
+        return subprocess.CompletedProcess(argv, rc, out.decode(errors="replace"),
+                                           err.decode(errors="replace"))
+
+    def remove(self, cid: str, timeout: float = 300) -> bool:
+        """`docker rm -f`: whether it took (a container already gone counts)."""
+        if self.client == "cli":
+            return self.docker("rm", "-f", cid, timeout=timeout).returncode == 0
+        try:
+            self.api.remove(cid, timeout)
+        except ApiError as e:
+            return e.status == 404
+        return True
+
+    def exists(self, cid: str) -> bool:
+        """Whether dockerd still has the container (True when it cannot tell)."""
+        if self.client == "cli":
+            return self.docker("inspect", "-f", "{{.Id}}", cid, timeout=60).returncode == 0
+        try:
+            self.api.inspect(cid)
+        except ApiError as e:
+            return e.status != 404
+        return True
+
+    def oom_killed(self, cid: str) -> bool:
+        """Whether the container died of an OOM kill (its init was the victim)."""
+        if self.client == "cli":
+            p = self.docker("inspect", "-f", "{{.State.Running}} {{.State.OOMKilled}}", cid)
+            return p.returncode == 0 and p.stdout.split() == ["false", "true"]
+        try:
+            state = self.api.inspect(cid).get("State") or {}
+        except ApiError:
+            return False
+        return state.get("Running") is False and state.get("OOMKilled") is True
 
     def cleanup_containers(self) -> None:
+        if self.client == "api":
+            try:
+                ids = self.api.ids(LABEL)
+            except ApiError:
+                ids = []
+            for cid in ids:
+                self.remove(cid)
+            return
         p = self.docker("ps", "-aq", "--filter", f"label={LABEL}")
         ids = p.stdout.split()
         if ids:
@@ -216,8 +302,7 @@ class Host:
 
     def open_slice(self, budget: int) -> None:
         """An idle anchor container keeps the slice alive between sandboxes; then the budget."""
-        p = self.docker("run", "-d", "--runtime", "runc", "--cgroup-parent", self.slice,
-                        "--label", f"{LABEL}=anchor", self.image, "sleep", "inf")
+        p = self.run_sandbox("runc", "anchor", ["sleep", "inf"], 64 << 20, timeout=180)
         if p.returncode:
             raise BenchError(f"cannot start a container in {self.slice}: {p.stderr.strip()}")
         self.anchor = p.stdout.strip()

@@ -30,7 +30,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from bench.host import CONFIG, BenchError
+from bench.host import CLIENTS, CONFIG, BenchError
 from bench.schemes import DEFAULT_SCHEMES, DEFAULT_STATIC_K, parse_schemes
 from bench.sweep import SWAP_MODES, build_points, execute, int_list, print_plan, workload_of
 from bench.workload import ARRIVALS
@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                                                          "execgate-test:latest"))
         s.add_argument("--config", default=CONFIG)
         s.add_argument("--sample-ms", type=float, default=150.0)
+        s.add_argument("--docker-client", choices=CLIENTS, default="api",
+                       help="drive Docker through its Engine API, or a `docker` CLI process "
+                            "per operation as rounds before 6 Dec did (default %(default)s)")
         s.add_argument("--quiet", action="store_true", help="one line per scheme only")
         if p.prog.split()[-1] != "plan":
             s.add_argument("--out", help="results directory (required unless --dry-run)")

@@ -20,17 +20,17 @@ from typing import Any
 
 from bench import cpu_ledger, decisions, host_state, kills
 from bench import swap as swap_mod
-from bench.host import LABEL, Host, Log, oom_kill_count
+from bench.host import Host, Log, oom_kill_count
 from bench.metrics import RETRY_LIMIT, AttemptRecord, percentile, should_retry, summarize
 from bench.schemes import (
     Scheme,
     admit_fifo,
     bench_config,
-    exec_argv,
+    call_env,
     make_gate,
     sandbox_command,
 )
-from bench.trace import LlmWait, Task, ToolCall, profiled_peak
+from bench.trace import LlmWait, Task, ToolCall, memload_argv, profiled_peak
 from bench.workload import Workload, hint_for
 from execgate.common.units import MiB
 
@@ -147,13 +147,12 @@ class Replayer:
     # -- tasks -------------------------------------------------------------------------------------
 
     def _sandbox(self, task: Task, attempt: int) -> tuple[str | None, str]:
-        p = self.host.docker(
-            "run", "-d", "--runtime", self.scheme.runtime, "--cgroup-parent", self.host.slice,
-            "--label", f"{LABEL}={self.scheme.name}", "--shm-size", str(max(self.budget, 64 * MiB)),
-            self.host.image, *sandbox_command(task, fill_ratio=self.fill_ratio),
+        p = self.host.run_sandbox(
+            self.scheme.runtime, self.scheme.name,
+            sandbox_command(task, fill_ratio=self.fill_ratio), max(self.budget, 64 * MiB),
             timeout=self.settings.run_timeout_s)
-        # Detached, the CLI prints the id once the container is created, before it starts: a
-        # run the bench timed out still names the container dockerd goes on starting.
+        # The id comes once the container is created, before it starts: a run the bench timed
+        # out still names the container dockerd goes on starting.
         cid = p.stdout.strip()
         if cid:
             with self.cond:
@@ -175,18 +174,13 @@ class Replayer:
                 self._event(f"{task.id}: sandbox {cid[:12]} NOT managed by execgate ({reason})")
         return cid, ""
 
-    def _sandbox_oom_killed(self, cid: str) -> bool:
-        """Whether the sandbox itself died of an OOM kill (its init was the victim)."""
-        p = self.host.docker("inspect", "-f", "{{.State.Running}} {{.State.OOMKilled}}", cid)
-        return p.returncode == 0 and p.stdout.split() == ["false", "true"]
-
     def _call(self, cid: str, st: _TaskState, attempt: int, idx: int, call: ToolCall) -> int:
-        argv = exec_argv(cid, call, self.scheme.hints, fill_ratio=self.fill_ratio,
-                         hot=self.hot_calls)
+        cmd = memload_argv(call, fill_ratio=self.fill_ratio, hot=self.hot_calls)
         with self.cond:
             self.inflight += 1
         start = self.now()
-        p = self.host.exec(argv, timeout=self.settings.exec_timeout_s)
+        p = self.host.exec_call(cid, cmd, call_env(call, self.scheme.hints),
+                                timeout=self.settings.exec_timeout_s)
         end = self.now()
         with self.cond:
             self.inflight -= 1
@@ -233,7 +227,7 @@ class Replayer:
                 end = round(self.now(), 3)
                 oom = rc == OOM_EXIT
                 reason = "oom" if oom else f"exit {rc}"
-                if not oom and self._sandbox_oom_killed(cid):
+                if not oom and self.host.oom_killed(cid):
                     oom, reason = True, "sandbox-oom"
                 rec.update(end=end, exit=rc, oom_kills=int(oom), reason=reason)
                 return rec
@@ -248,9 +242,8 @@ class Replayer:
         admission outlasted a 180 s rm, and the sandbox went on holding memory beside its
         task's retry until the run's end."""
         deadline = time.monotonic() + self.settings.run_timeout_s
-        while self.host.docker("rm", "-f", cid, timeout=300).returncode:
-            if time.monotonic() > deadline or self.host.docker(
-                    "inspect", "-f", "{{.Id}}", cid, timeout=60).returncode:
+        while not self.host.remove(cid, timeout=300):
+            if time.monotonic() > deadline or not self.host.exists(cid):
                 return  # gone already (another rm took it), or not worth the run's time
             self.abort.wait(RM_RETRY_S)
 

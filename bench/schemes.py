@@ -21,11 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from bench.trace import (
-    Task,
-    ToolCall,
-    memload_argv,
-)
+from bench.trace import Task, ToolCall
 from bench.workload import hint_for
 from execgate.common.units import MiB
 
@@ -390,8 +386,7 @@ def sandbox_command(task: Task, binary: str = "memload",
             "--peak-at", "1", "--duration", "10000000", "--tick-ms", "1000", *fill]
 
 
-def exec_argv(container: str, call: ToolCall, hints: bool, binary: str = "memload",
-              fill_ratio: float | None = None, hot: bool = False) -> list[str]:
-    """`docker exec` of one tool call, exactly as an agent framework would issue it."""
-    env = ["-e", f"AGENT_RESOURCE_HINT={hint_for(call)}"] if hints else []
-    return ["docker", "exec", *env, container, *memload_argv(call, binary, fill_ratio, hot)]
+def call_env(call: ToolCall, hints: bool) -> list[str]:
+    """The environment a tool call's exec carries: its resource hint, for schemes that give
+    one, as an agent framework would set it."""
+    return [f"AGENT_RESOURCE_HINT={hint_for(call)}"] if hints else []

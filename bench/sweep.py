@@ -165,7 +165,7 @@ def execute(args: argparse.Namespace, points: Sequence[Point], command: str) -> 
     settings = RunSettings(sample_s=args.sample_ms / 1000, admission_wait_s=args.admission_wait,
                            scale_daemon=not args.no_scale_daemon)
     log = Log(out / "progress.log", quiet=args.quiet)
-    host = Host(args.slice, args.image, args.config, log)
+    host = Host(args.slice, args.image, args.config, log, client=args.docker_client)
     host.check(schemes)
     save_tasks(max(points, key=lambda p: len(p.tasks)).tasks, out / "replayed.jsonl")
     results: dict[str, Any] = {
@@ -177,6 +177,7 @@ def execute(args: argparse.Namespace, points: Sequence[Point], command: str) -> 
                    "workload_name": args.workload, "swap": args.swap,
                    "zram_size_bytes": parse_size(args.zram_size),
                    "slice": args.slice, "image": args.image,
+                   "docker_client": args.docker_client,
                    "schemes": [s.name for s in schemes], "retry_limit": RETRY_LIMIT,
                    "workload": w.to_dict(), "settings": settings.__dict__.copy()},
         "points": [p.describe(w.speed) for p in points],

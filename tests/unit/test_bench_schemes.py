@@ -161,10 +161,8 @@ def test_hint_is_the_profiled_peak_and_parses() -> None:
     parsed = parse(W.hint_for(call))
     assert parsed.error is None and parsed.hint is not None
     assert parsed.hint.memory_bytes >= call.memory.peak_bytes
-    argv = S.exec_argv("cid", call, hints=True)
-    assert argv[:5] == ["docker", "exec", "-e", "AGENT_RESOURCE_HINT=memory:265m", "cid"]
-    assert argv[5] == "memload" and "--peak-mib" in argv
-    assert S.exec_argv("cid", call, hints=False)[:3] == ["docker", "exec", "cid"]
+    assert S.call_env(call, hints=True) == ["AGENT_RESOURCE_HINT=memory:265m"]
+    assert S.call_env(call, hints=False) == []
 
 
 def test_sandbox_holds_the_framework_baseline() -> None:
@@ -327,25 +325,34 @@ class FakeHost:
         self.run_timeouts: list[float] = []
         self.counter_reads = 0
 
-    def docker(self, *args: str, timeout: float = 0) -> subprocess.CompletedProcess[str]:
+    def run_sandbox(self, runtime: str, label: str, cmd: list[str], shm_size: int,
+                    timeout: float) -> subprocess.CompletedProcess[str]:
         with self.lock:
-            if args[0] == "run":
-                self.run_timeouts.append(timeout)
-                self.n += 1
-                cid = f"c{self.n}"
-                base = 0
-                if "--baseline-mib" in args:
-                    base = int(float(args[args.index("--baseline-mib") + 1]) * MiB)
-                self.sandboxes[cid] = base
-                self.used += base
-                return subprocess.CompletedProcess(args, 0, cid + "\n", "")
-            if args[0] == "rm":
-                self.used -= self.sandboxes.pop(args[-1], 0)
-            return subprocess.CompletedProcess(args, 0, "true false\n", "")
+            self.run_timeouts.append(timeout)
+            self.n += 1
+            cid = f"c{self.n}"
+            base = 0
+            if "--baseline-mib" in cmd:
+                base = int(float(cmd[cmd.index("--baseline-mib") + 1]) * MiB)
+            self.sandboxes[cid] = base
+            self.used += base
+            return subprocess.CompletedProcess(cmd, 0, cid + "\n", "")
 
-    def exec(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        peak = int(float(argv[argv.index("--peak-mib") + 1]) * MiB)
-        dur = float(argv[argv.index("--duration") + 1])
+    def remove(self, cid: str, timeout: float = 0) -> bool:
+        with self.lock:
+            self.used -= self.sandboxes.pop(cid, 0)
+        return True
+
+    def exists(self, cid: str) -> bool:
+        return cid in self.sandboxes
+
+    def oom_killed(self, cid: str) -> bool:
+        return False
+
+    def exec_call(self, cid: str, cmd: list[str], env: list[str],
+                  timeout: float) -> subprocess.CompletedProcess[str]:
+        peak = int(float(cmd[cmd.index("--peak-mib") + 1]) * MiB)
+        dur = float(cmd[cmd.index("--duration") + 1])
         with self.lock:
             self.calls += 1
             fits = self.used + peak <= self.budget
@@ -353,10 +360,10 @@ class FakeHost:
                 self.used += peak
         time.sleep(dur if fits else dur / 2)
         if not fits:
-            return subprocess.CompletedProcess(argv, 137, "", "")
+            return subprocess.CompletedProcess(cmd, 137, "", "")
         with self.lock:
             self.used -= peak
-        return subprocess.CompletedProcess(argv, 0, "", "")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
 
     def memory_current(self) -> int:
         return self.used
@@ -435,13 +442,17 @@ class HeldStartHost(FakeHost):
         self.held_rms = held_rms
         self.rms = 0
 
-    def docker(self, *args: str, timeout: float = 0) -> subprocess.CompletedProcess[str]:
-        if args[0] == "rm" and args[-1] == "c1" and self.rms < self.held_rms:
+    def remove(self, cid: str, timeout: float = 0) -> bool:
+        if cid == "c1" and self.rms < self.held_rms:
             self.rms += 1
-            return subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout}s")
-        p = super().docker(*args, timeout=timeout)
-        if args[0] == "run" and self.n == 1:
-            return subprocess.CompletedProcess(args, 124, p.stdout, "timed out after 1800s")
+            return False  # timed out
+        return super().remove(cid, timeout)
+
+    def run_sandbox(self, runtime: str, label: str, cmd: list[str], shm_size: int,
+                    timeout: float) -> subprocess.CompletedProcess[str]:
+        p = super().run_sandbox(runtime, label, cmd, shm_size, timeout)
+        if self.n == 1:
+            return subprocess.CompletedProcess(cmd, 124, p.stdout, "timed out after 1800s")
         return p
 
 
