@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 VERSION = 1
 PROGRESS_S = 10.0  # how often a runtime asks to hear why its call waits (issue 15: every 10 s)
+# Progress frames a waiting runtime lets go missing before it calls the daemon wedged and runs
+# its call unmanaged. A loaded daemon is late, not dead (a dead one closes the socket): at 15x
+# under TCG its frames came up to 15 s apart, and runtimes that gave up after one missed frame
+# ran 9 calls unmanaged into a full host, 2 of them OOM-killed.
+MISSED_FRAMES = 3
 MAX_FRAME = 16 << 20
 _LEN = struct.Struct(">I")
 

@@ -7,7 +7,8 @@ stderr), and `admitted` when the call may start. The first frame is held to the 
 call then runs unmanaged. After it, a daemon that keeps us informed is waited for: a call
 whose bounded wait has ended is first in line, not forced into a full host (docs/protocol.md),
 so it may wait longer than max_wait_s. Two bounds keep that wait finite: silence for
-PROGRESS_S + SLACK_S (a wedged daemon), and the daemon's own fail-open cap, max_queued_s +
+MISSED_FRAMES * PROGRESS_S + SLACK_S (a wedged daemon, not a late one), and the daemon's own
+fail-open cap, max_queued_s +
 SLACK_S in all (the daemon starts the call by then itself). A daemon that dies while we wait
 closes the socket, which ends the wait at once. A daemon that sends no `progress_s` back (an
 older one) is waited for max_wait_s + SLACK_S, as it forces the call by then.
@@ -53,7 +54,7 @@ def wait_bound(first: dict[str, Any]) -> tuple[float, float]:
     if not progress:  # an older daemon: it forces the call after max_wait_s
         return max_wait + SLACK_S, max_wait + SLACK_S
     cap = _number(first.get("max_queued_s"), max_wait) or 0.0
-    return max(cap, max_wait) + SLACK_S, progress + SLACK_S
+    return max(cap, max_wait) + SLACK_S, progress * protocol.MISSED_FRAMES + SLACK_S
 
 
 def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,

@@ -56,7 +56,7 @@
 
 #if !defined(EXECGATE_PYTHON) || !defined(FRONT_CONF) || !defined(FRONT_FORMAT) || \
 	!defined(DEFAULT_CONFIG) || !defined(SEARCH_PATH) || !defined(LOOP_MARKER) || \
-	!defined(DAEMON_LOST)
+	!defined(DAEMON_LOST) || !defined(MISSED_FRAMES)
 #error "built by execgate/runtime/front.py, which defines the paths"
 #endif
 
@@ -1033,7 +1033,8 @@ static void __attribute__((noreturn)) exec_via_daemon(const struct front *f,
 		double wait = a.max_wait_s >= 0 ? a.max_wait_s : 30;
 		double total = a.progress_s > 0 ? (a.max_queued_s > wait ? a.max_queued_s : wait)
 						: wait;
-		double silence = a.progress_s > 0 ? a.progress_s : wait;
+		/* A late frame is a loaded daemon, not a dead one (that closes the socket). */
+		double silence = a.progress_s > 0 ? a.progress_s * MISSED_FRAMES : wait;
 		long long deadline = now_ms() + (long long)(total * 1000) + SLACK_MS;
 		for (;;) {
 			long long by = now_ms() + (long long)(silence * 1000) + SLACK_MS;

@@ -32,7 +32,7 @@ def _literal(value: str) -> str:
 
 def definitions(python_entry: str, front_conf: str | None = None) -> list[str]:
     """The -D flags: what the front must agree on with the Python side."""
-    from execgate.common import config, frontconf
+    from execgate.common import config, frontconf, protocol
     from execgate.oci import runc
 
     values = {"EXECGATE_PYTHON": python_entry,
@@ -42,7 +42,9 @@ def definitions(python_entry: str, front_conf: str | None = None) -> list[str]:
               "SEARCH_PATH": runc.SEARCH_PATH,
               "LOOP_MARKER": runc.LOOP_MARKER,
               "DAEMON_LOST": frontconf.DAEMON_LOST}
-    return [f"-D{k}={_literal(v)}" for k, v in values.items()]
+    numbers = {"MISSED_FRAMES": protocol.MISSED_FRAMES}
+    return [f"-D{k}={_literal(v)}" for k, v in values.items()] + \
+        [f"-D{k}={int(v)}" for k, v in numbers.items()]
 
 
 def compiler() -> str | None:

@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -409,6 +410,9 @@ class FakeDaemon:
             for frame in self.script:
                 if frame is None:
                     return
+                if isinstance(frame, float):  # a daemon late by that many seconds
+                    time.sleep(frame)
+                    continue
                 if frame == "READ":  # the front's next frame (a lifecycle's status)
                     head = conn.recv(4, 0x100)
                     (n,) = struct.unpack(">I", head)
@@ -508,6 +512,19 @@ def test_a_daemon_lost_after_queued_tells_python_to_run_the_call_at_once(box: Bo
     create = ["create", "--bundle", "/b", "--pid-file", "/p", "new"]
     who, _args, _rc, _daemon = _lifecycle(box, [dict(queued, max_wait_s=5.0), None], *create)
     assert who == "python" and _python_env(box).get(lost) == b"1"
+
+
+def test_a_late_daemon_is_waited_for_not_taken_for_dead(box: Box) -> None:
+    """At 15x under TCG the daemon's progress frames came up to 15 s apart; fronts that gave
+    up after one missed frame (progress_s + 5 s) ran 9 calls unmanaged into a full host and
+    2 were OOM-killed. Silence for two periods and a bit is still a daemon at work."""
+    placed = [*EXEC[:5], "--cgroup", "tool-0123456789ab", *EXEC[5:]]
+    who, args, _err, _daemon = _managed_exec(box, [
+        {"v": 1, "ok": True, "queued": True, "max_wait_s": 30.0, "progress_s": 2.0,
+         "max_queued_s": 600},
+        8.0,  # the old bound was 2 + 5 s
+        {"v": 1, "ok": True, "admitted": True, "argv": placed}], *EXEC)
+    assert who == "runc" and args == [str(box.runc).encode(), *(a.encode() for a in placed)]
 
 
 def test_a_tty_exec_or_a_placed_one_never_asks_the_daemon(box: Box) -> None:

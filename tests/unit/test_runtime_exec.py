@@ -397,8 +397,9 @@ def test_a_waiting_call_is_told_why_on_its_stderr_until_it_starts(tmp_path: Path
 
 @pytest.mark.parametrize(("first", "bound"), [
     ({"max_wait_s": 30.0}, (35.0, 35.0)),  # an older daemon forces the call after max_wait_s
-    ({"max_wait_s": 30.0, "progress_s": 10.0, "max_queued_s": 600.0}, (605.0, 15.0)),
-    ({"max_wait_s": 30.0, "progress_s": 10.0, "max_queued_s": 0}, (35.0, 15.0)),
+    # three frames may go missing: a loaded daemon is late, a dead one closes the socket
+    ({"max_wait_s": 30.0, "progress_s": 10.0, "max_queued_s": 600.0}, (605.0, 35.0)),
+    ({"max_wait_s": 30.0, "progress_s": 10.0, "max_queued_s": 0}, (35.0, 35.0)),
     ({"max_wait_s": "x", "progress_s": True}, (35.0, 35.0)),  # nonsense: the old bound
 ])
 def test_the_runtime_waits_while_the_daemon_keeps_it_informed_up_to_its_cap(
