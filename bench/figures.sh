@@ -59,6 +59,11 @@ sim() {
             "$python" -m bench.sim validate "$f" --policy-rev 96b11e1 \
                 --out "$s/validate-light-96b11e1/$(basename "$f" .json.gz)"
         done
+        # Light load (1x) with the bench's docker CLI clients and with its Engine API client.
+        for f in docs/replay/light-load-api-6e2bd9d/*.json.gz; do
+            "$python" -m bench.sim validate "$f" --policy-rev 6e2bd9d \
+                --out "$s/validate-light-api-6e2bd9d/$(basename "$f" .json.gz)"
+        done
         # Every fleet boot in its own fit and at its own policy (the directory's revision), with
         # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
         for f in docs/replay/fleet/*-*/repeat-*.json.gz docs/replay/sweep-*/repeat-*.json.gz; do
