@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode
 
 SOCKET = "/var/run/docker.sock"
 EXEC_FAILED = 126  # what the CLI and dockerd give an exec the runtime could not start
-STDOUT, STDERR = 1, 2
+STDERR = 2  # an attach stream's frame kind for stderr (1 is stdout)
 
 
 class ApiError(Exception):

@@ -84,6 +84,13 @@ def oom_kill_count(cgroup: str) -> int:
     return 0
 
 
+def _api_failed(argv: list[str], e: ApiError, code: int,
+                stdout: str = "") -> subprocess.CompletedProcess[str]:
+    """An Engine API call that failed, as the CLI would have ended: 124 on a timeout (as
+    `_run` says it), else `code`, with the engine's message on stderr."""
+    return subprocess.CompletedProcess(argv, 124 if e.timed_out else code, stdout, e.message)
+
+
 class Host:
     """Owns everything the benchmark changes on the host, and puts it back in `restore()`."""
 
@@ -230,12 +237,11 @@ class Host:
             cid = self.api.create(self.image, list(cmd), runtime, self.slice, {LABEL: label},
                                   shm_size, timeout)
         except ApiError as e:
-            return subprocess.CompletedProcess(argv, 124 if e.timed_out else 125, "", e.message)
+            return _api_failed(argv, e, 125)
         try:
             self.api.start(cid, timeout)
         except ApiError as e:
-            return subprocess.CompletedProcess(argv, 124 if e.timed_out else 125, cid + "\n",
-                                               e.message)
+            return _api_failed(argv, e, 125, cid + "\n")
         return subprocess.CompletedProcess(argv, 0, cid + "\n", "")
 
     def exec_call(self, cid: str, cmd: Sequence[str], env: Sequence[str],
@@ -250,8 +256,7 @@ class Host:
         try:
             rc, out, err = self.api.exec(cid, list(cmd), list(env), timeout)
         except ApiError as e:
-            return subprocess.CompletedProcess(argv, 124 if e.timed_out else EXEC_ERROR, "",
-                                               e.message)
+            return _api_failed(argv, e, EXEC_ERROR)
         return subprocess.CompletedProcess(argv, rc, out.decode(errors="replace"),
                                            err.decode(errors="replace"))
 

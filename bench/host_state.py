@@ -14,7 +14,7 @@ import os
 import resource
 from typing import Any
 
-from bench import sysfs
+from bench import cpu_ledger, sysfs
 from execgate.cgroups import v2
 from execgate.common import meminfo
 
@@ -24,7 +24,6 @@ MEMINFO = ("MemFree", "MemAvailable", "Cached", "AnonPages", "AnonHugePages", "S
 # a sandbox's extra CPU. allocstall_* are summed (one per zone type).
 VMSTAT = ("pgfault", "thp_fault_alloc", "thp_fault_fallback", "pgscan_kswapd", "pgscan_direct",
           "pgsteal_kswapd", "pgsteal_direct", "compact_stall", "workingset_refault_file")
-ENGINE = ("docker.service", "containerd.service")
 
 
 def _vmstat(text: str) -> dict[str, int]:
@@ -54,7 +53,7 @@ def snapshot(root: str = ROOT, proc: str = "/proc") -> dict[str, Any]:
     out["driver"] = {"threads": status.get("Threads"), "rss_kib": status.get("VmRSS")}
     # The engine's own memory: a dockerd or containerd that grew over the first run does more
     # work (GC, lookups) in the second.
-    out["engine_bytes"] = {u: int(v) for u in ENGINE if (v := sysfs.read(
+    out["engine_bytes"] = {u: int(v) for u in cpu_ledger.ENGINE_UNITS if (v := sysfs.read(
         os.path.join(root, "system.slice", u, "memory.current"))) and v.isdigit()}
     return out
 
