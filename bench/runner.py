@@ -30,7 +30,15 @@ from bench.schemes import (
     make_gate,
     sandbox_command,
 )
-from bench.trace import LlmWait, Task, ToolCall, memload_argv, profiled_peak
+from bench.trace import (
+    TIMINGS_ENV,
+    LlmWait,
+    Task,
+    ToolCall,
+    memload_argv,
+    memload_timings,
+    profiled_peak,
+)
 from bench.workload import Workload, hint_for
 from execgate.common.units import MiB
 
@@ -179,9 +187,10 @@ class Replayer:
         with self.cond:
             self.inflight += 1
         start = self.now()
-        p = self.host.exec_call(cid, cmd, call_env(call, self.scheme.hints),
+        p = self.host.exec_call(cid, cmd, [*call_env(call, self.scheme.hints), TIMINGS_ENV],
                                 timeout=self.settings.exec_timeout_s)
         end = self.now()
+        timings, stderr = memload_timings(p.stderr or "")
         with self.cond:
             self.inflight -= 1
             self.calls.append({
@@ -190,7 +199,9 @@ class Replayer:
                 "end": round(end, 3), "duration_s": call.duration_s, "exit": p.returncode,
                 "peak_bytes": call.memory.peak_bytes, "category": call.category,
                 "hint": hint_for(call) if self.scheme.hints else None,
-                "stderr": keep_stderr(p.stderr) if p.returncode else "",
+                # memload's own span on the same clock: the exec's overhead is the rest
+                "ran": {k: round(v - self.t0, 3) for k, v in timings.items()} if timings else None,
+                "stderr": keep_stderr(stderr) if p.returncode else "",
             })
         return p.returncode
 
@@ -329,6 +340,11 @@ class Replayer:
         e2e = [max(a["end"] for a in st.attempts) - st.arrival for st in done]
         queued = [st.started - st.arrival for st in self.states.values() if st.started is not None]
         delays = [c["end"] - c["start"] - c["duration_s"] for c in self.calls if c["exit"] == 0]
+        # The exec's own overhead around memload (runtime, admission wait, engine): before it
+        # started and after it ended.
+        ran = [c for c in self.calls if c.get("ran")]
+        lead = [c["ran"]["start"] - c["start"] for c in ran]
+        tail = [c["end"] - c["ran"]["end"] for c in ran]
         metrics.update({
             # Latency from arrival (summarize's starts at the first attempt, which hides the
             # queueing of static-K and reserve).
@@ -341,6 +357,10 @@ class Replayer:
             "tool_calls": len(self.calls),
             "call_delay_p50_s": percentile(delays, 50),
             "call_delay_p95_s": percentile(delays, 95),
+            "exec_lead_p50_s": percentile(lead, 50),
+            "exec_lead_p95_s": percentile(lead, 95),
+            "exec_tail_p50_s": percentile(tail, 50),
+            "exec_tail_p95_s": percentile(tail, 95),
             "sandboxes": len(self.containers),
             "sandboxes_unmanaged": len(self.unmanaged),
         })

@@ -345,6 +345,26 @@ def memload_argv(call: ToolCall, binary: str = "memload",
     return [binary, *(arg for pair in opts for arg in pair), *(["--hot"] if hot else [])]
 
 
+# In a call's exec environment: memload ends with one `memload: timings ...` line on stderr.
+TIMINGS_ENV = "MEMLOAD_TIMINGS=1"
+_TIMINGS = re.compile(r"^memload: timings start=(\S+) full=(\S+) left=(\S+) end=(\S+)$", re.M)
+
+
+def memload_timings(stderr: str) -> tuple[dict[str, float] | None, str]:
+    """memload's own timings from a call's stderr (CLOCK_MONOTONIC seconds: start, full = first
+    at its highest level, left = first below it, end), and the stderr without that line. None
+    when it did not end on its own (killed, never started)."""
+    m = _TIMINGS.search(stderr)
+    if not m:
+        return None, stderr
+    try:
+        values = [float(v) for v in m.groups()]
+    except ValueError:
+        return None, stderr
+    rest = (stderr[:m.start()] + stderr[m.end():].removeprefix("\n"))
+    return dict(zip(("start", "full", "left", "end"), values, strict=True)), rest
+
+
 # ---------------------------------------------------------------------------------------------
 # JSON (de)serialisation
 

@@ -24,7 +24,13 @@
  * touched again, which lets compressed swap take a running call's memory at no cost.
  *
  * Silent on success (stdout belongs to the agent's tool output); exit 2 on bad arguments,
- * exit 1 if memory or the retain file cannot be had. Build: gcc -O2 -static -o memload memload.c
+ * exit 1 if memory or the retain file cannot be had. With MEMLOAD_TIMINGS=1 in its environment
+ * it ends with one line on stderr, CLOCK_MONOTONIC seconds (the host's clock too: containers
+ * share it) of when it started, first held its highest level, first let go of it, and ended:
+ *   memload: timings start=S full=F left=L end=E
+ * The replay driver sets it (not an argument: the command line is what the daemon learns from),
+ * so a call's real memory is placed in time apart from the exec's own overhead.
+ * Build: gcc -O2 -static -o memload memload.c
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -232,6 +238,7 @@ static void write_retained(void)
 
 int main(int argc, char **argv)
 {
+    double started = now();
     static const struct option longopts[] = {
         {"peak-mib", required_argument, 0, 'p'},  {"baseline-mib", required_argument, 0, 'b'},
         {"duration", required_argument, 0, 'd'},  {"shape", required_argument, 0, 's'},
@@ -299,6 +306,8 @@ int main(int argc, char **argv)
     }
 
     size_t resident = 0; /* bytes at the start of `mem` that are currently written */
+    size_t highest = 0;  /* the most it has held, and when it first held it / let go of it */
+    double full = -1, left = -1;
     unsigned long long seed = fill_seed();
     volatile double sink = 1.0;
     double t0 = now();
@@ -314,7 +323,11 @@ int main(int argc, char **argv)
             touch(mem, resident, want, page, seed);
             seed += (want - resident) / page; /* pages written again after a shrink differ */
             resident = want;
+            if (resident > highest)
+                highest = resident, full = now(), left = -1;
         } else if (want < resident) { /* shrink: hand the pages back, RSS drops at once */
+            if (resident == highest && left < 0)
+                left = now();
             madvise(mem + want, resident - want, MADV_DONTNEED);
             resident = want;
         }
@@ -336,7 +349,15 @@ int main(int argc, char **argv)
 
     if (mem)
         munmap(mem, cap);
+    double ended = now();
     if (opt.retain > 0)
         write_retained();
+    const char *timings = getenv("MEMLOAD_TIMINGS");
+    if (timings && !strcmp(timings, "1")) {
+        if (full < 0) /* never grew: it held nothing above zero the whole time */
+            full = t0;
+        fprintf(stderr, "memload: timings start=%.6f full=%.6f left=%.6f end=%.6f\n", started,
+                full, left < 0 ? ended : left, now());
+    }
     return 0;
 }

@@ -215,3 +215,26 @@ def test_hot_keeps_the_working_set_in_use(memload: Path) -> None:
     assert rss >= 30 * MiB and referenced >= 0.9 * rss, (rss, referenced)
     rss, referenced = _referenced_after_clear(memload)
     assert rss >= 30 * MiB and referenced <= 0.2 * rss, (rss, referenced)
+
+
+def test_timings_place_the_peak_on_the_callers_clock(memload: Path) -> None:
+    """MEMLOAD_TIMINGS=1: one stderr line, CLOCK_MONOTONIC (Python's time.monotonic), of when it
+    started, first held its peak, let go of it and ended; nothing on stdout, still."""
+    from bench.trace import memload_timings
+
+    before = time.monotonic()
+    p = subprocess.run([str(memload), "--peak-mib", "32", "--duration", "0.6", "--shape",
+                        "plateau", "--peak-at", "0.5", "--tick-ms", "20"],
+                       capture_output=True, text=True, env={**os.environ, "MEMLOAD_TIMINGS": "1"})
+    after = time.monotonic()
+    assert p.returncode == 0 and p.stdout == ""
+    t, rest = memload_timings(p.stderr)
+    assert rest == "" and t is not None, p.stderr
+    assert before <= t["start"] <= t["full"] < t["left"] <= t["end"] <= after
+    assert t["left"] - t["start"] == pytest.approx(0.3, abs=0.1)  # peak until 0.5 of 0.6 s
+    assert t["end"] - t["start"] == pytest.approx(0.6, abs=0.15)
+    # without the variable it stays silent
+    q = subprocess.run([str(memload), "--peak-mib", "1", "--duration", "0.05"],
+                       capture_output=True, env={k: v for k, v in os.environ.items()
+                                                 if k != "MEMLOAD_TIMINGS"})
+    assert q.returncode == 0 and q.stderr == b""

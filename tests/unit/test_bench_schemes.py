@@ -358,12 +358,16 @@ class FakeHost:
             fits = self.used + peak <= self.budget
             if fits:
                 self.used += peak
+        began = time.monotonic()
         time.sleep(dur if fits else dur / 2)
         if not fits:
-            return subprocess.CompletedProcess(cmd, 137, "", "")
+            return subprocess.CompletedProcess(cmd, 137, "", "Killed")
         with self.lock:
             self.used -= peak
-        return subprocess.CompletedProcess(cmd, 0, "", "")
+        ended = time.monotonic()  # memload's last line, when the bench asks for it
+        line = (f"memload: timings start={began} full={began} left={ended} end={ended}\n"
+                if "MEMLOAD_TIMINGS=1" in env else "")
+        return subprocess.CompletedProcess(cmd, 0, "", line)
 
     def memory_current(self) -> int:
         return self.used
@@ -420,6 +424,17 @@ def test_runner_retries_oom_killed_tasks_and_accounts_for_every_attempt() -> Non
     assert all(a["reason"] == "oom" for a in out["attempts"] if not a["ok"])
     assert out["samples"]["rows"] and out["calls"]
     assert m["latency_arrival_p50_s"] >= m["latency_p50_s"] - 1e-6
+    # memload's own span, on the bench's clock, inside its exec's; none for a killed call
+    for c in out["calls"]:
+        assert "memload: timings" not in c["stderr"]
+        if c["exit"] != 0:
+            assert c["ran"] is None and c["stderr"] == "Killed", c
+            continue
+        ran = c["ran"]
+        assert c["start"] <= ran["start"] <= ran["full"] <= ran["left"] <= ran["end"] <= c["end"]
+        assert ran["end"] - ran["start"] == pytest.approx(0.15, abs=0.05)
+    assert 0 <= m["exec_lead_p50_s"] <= m["exec_lead_p95_s"] < 0.05
+    assert 0 <= m["exec_tail_p50_s"] <= m["exec_tail_p95_s"] < 0.05
 
 
 def test_a_slow_sandbox_start_is_not_cut_short_by_the_bench() -> None:

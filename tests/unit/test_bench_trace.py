@@ -286,3 +286,16 @@ def test_memload_argv() -> None:
 )
 def test_trace_category(cmd: str, cat: str) -> None:
     assert trace_category(cmd) == cat
+
+
+def test_memload_timings_are_taken_out_of_a_calls_stderr() -> None:
+    from bench.trace import memload_timings
+
+    err = ("[execgate] This call waited 3 s before starting\n"
+           "memload: timings start=10.5 full=11.25 left=16.5 end=16.75\nbye\n")
+    t, rest = memload_timings(err)
+    assert t == {"start": 10.5, "full": 11.25, "left": 16.5, "end": 16.75}
+    assert rest == "[execgate] This call waited 3 s before starting\nbye\n"
+    assert memload_timings("Killed\n") == (None, "Killed\n")
+    assert memload_timings("memload: timings start=x full=1 left=2 end=3") == (
+        None, "memload: timings start=x full=1 left=2 end=3")
