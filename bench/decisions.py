@@ -19,9 +19,9 @@ from bench.metrics import percentile
 from execgate.common import records
 
 # Journal fields kept per call (the rest: argv, cgroup, ids, already in the call record).
-JOURNAL_FIELDS = ("call", "managed", "waited_s", "forced", "held_s", "killed_by_execgate",
-                  "oom_killed", "oom_kill", "oom_score_adj", "memory_peak", "memory_max_events",
-                  "exit_code", "arrival", "start", "end")
+JOURNAL_FIELDS = ("call", "managed", "unmanaged", "waited_s", "forced", "held_s",
+                  "killed_by_execgate", "oom_killed", "oom_kill", "oom_score_adj", "memory_peak",
+                  "memory_max_events", "exit_code", "arrival", "start", "end")
 # Slack between the runner's clock at `docker exec` and the runtime's arrival stamp.
 _CLOCK_SLACK_S = 1.0
 

@@ -19,8 +19,8 @@ ADMIT_KEYS = ("call", "container", "sandbox", "cgroup", "argv", "hint")
 ADMIT_ARGV_CHARS = 64 << 10
 # In the journal in this order; the optional ones only when known (not None).
 _ALWAYS = ("call", "container", "sandbox", "cgroup", "argv", "tty", "detach", "hint")
-_OPTIONAL = ("oom_score_adj", "hold_exit", "arrival", "managed", "waited_s", "forced",
-             "cgroup_id", "start", "inside", "adopted", "command_class")
+_OPTIONAL = ("oom_score_adj", "hold_exit", "arrival", "managed", "unmanaged", "waited_s",
+             "forced", "cgroup_id", "start", "inside", "adopted", "command_class")
 
 
 class ToolCall:
@@ -32,7 +32,8 @@ class ToolCall:
 
     __slots__ = ("adopted", "argv", "arrival", "call", "cgroup", "cgroup_id", "command_class",
                  "container", "daemon", "detach", "forced", "hint", "hold_exit", "inside",
-                 "managed", "oom_score_adj", "redact", "sandbox", "start", "tty", "waited_s")
+                 "managed", "oom_score_adj", "redact", "sandbox", "start", "tty", "unmanaged",
+                 "waited_s")
 
     def __init__(self, call: str, container: str, sandbox: str, cgroup: str, argv: list[str],
                  *, tty: bool = False, detach: bool = False,
@@ -50,6 +51,7 @@ class ToolCall:
         self.hold_exit = hold_exit  # hold a TTY call's exit for its note (None: the default)
         self.arrival = arrival
         self.managed: bool | None = None  # admitted by the daemon; None: not decided yet
+        self.unmanaged: str | None = None  # why it runs without the daemon, when it does
         self.daemon: dict[str, Any] | None = None  # {"socket", "timeout_s"} for `done`
         self.waited_s: float | None = None
         self.forced: bool | None = None
@@ -72,9 +74,11 @@ class ToolCall:
         msg["argv"] = argv
         return msg
 
-    def admitted(self, managed: bool, waited_s: float = 0.0, forced: bool = False) -> None:
-        """The daemon's answer (or failing open: managed false)."""
+    def admitted(self, managed: bool, waited_s: float = 0.0, forced: bool = False,
+                 unmanaged: str | None = None) -> None:
+        """The daemon's answer (or failing open: managed false, and why)."""
         self.managed = managed
+        self.unmanaged = unmanaged
         self.waited_s = waited_s
         self.forced = forced
 

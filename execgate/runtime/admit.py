@@ -58,25 +58,28 @@ def wait_bound(first: dict[str, Any]) -> tuple[float, float]:
 
 
 def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
-            on_wait: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
-    """The daemon's `admitted` answer (with waited_s, forced, ...), or None to run unmanaged.
-    on_wait gets every `waiting` frame (waited_s, reason) while the call waits."""
+            on_wait: Callable[[dict[str, Any]], None] | None = None
+            ) -> tuple[dict[str, Any] | None, str]:
+    """The daemon's `admitted` answer (with waited_s, forced, ...) and "", or None and why the
+    call runs unmanaged (the journal keeps it). on_wait gets every `waiting` frame (waited_s,
+    reason) while the call waits."""
+    call = msg.get("call")
+
+    def unmanaged(why: str, debug: bool = False) -> tuple[None, str]:
+        (log.debug if debug else log.warning)(f"call {call}: {why}; running unmanaged")
+        return None, why
+
     if os.environ.get(frontconf.DAEMON_LOST):
-        log.warning(f"call {msg.get('call')}: the daemon went away while the call waited; "
-                    "running unmanaged")
-        return None
+        return unmanaged("the daemon went away or fell silent while the call waited")
     if not os.path.exists(path):
-        log.debug(f"call {msg.get('call')}: no daemon socket at {path}; running unmanaged")
-        return None
+        return unmanaged(f"no daemon socket at {path}", debug=True)
     t0 = time.monotonic()
     try:
         with protocol.Client(path, budget_s) as daemon:
             daemon.send(protocol.request("admit", progress_s=protocol.PROGRESS_S, **msg))
             first = daemon.recv(deadline=t0 + budget_s)  # connect to `queued`: one budget
             if not first.get("ok") or not first.get("queued"):
-                log.warning(f"call {msg.get('call')}: daemon refused: {first.get('error')}; "
-                            "running unmanaged")
-                return None
+                return unmanaged(f"daemon refused: {first.get('error')}")
             total, silence = wait_bound(first)
             deadline = time.monotonic() + total
             while True:
@@ -90,11 +93,7 @@ def request(path: str, budget_s: float, msg: dict[str, Any], log: RuncLog,
                     on_wait(final)
     except (OSError, protocol.ProtocolError) as e:
         waited = time.monotonic() - t0
-        log.warning(f"call {msg.get('call')}: daemon unavailable after {waited:.2f}s "
-                    f"({type(e).__name__}: {e}); running unmanaged")
-        return None
+        return unmanaged(f"daemon unavailable after {waited:.2f}s ({type(e).__name__}: {e})")
     if not final.get("ok") or not final.get("admitted"):
-        log.warning(f"call {msg.get('call')}: no admission ({final.get('error')}); "
-                    "running unmanaged")
-        return None
-    return final
+        return unmanaged(f"no admission ({final.get('error')})")
+    return final, ""

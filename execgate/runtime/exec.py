@@ -64,11 +64,11 @@ def handle(ctx: Context) -> list[str]:
     from . import admit, watcher
 
     call = p.call
-    answer = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,
-                           call.admit_request(), ctx.log, None if call.tty else _waiting)
+    answer, why = admit.request(ctx.config.socket, ctx.config.daemon_timeout_ms / 1000,
+                                call.admit_request(), ctx.log, None if call.tty else _waiting)
     if answer is None:  # the daemon thaws an idle sandbox when it admits; failing open, we do
         container.thaw_init(p.rec["cgroup"])
-        call.admitted(False)
+        call.admitted(False, unmanaged=why)
     else:
         call.daemon = {"socket": ctx.config.socket,
                        "timeout_s": ctx.config.daemon_timeout_ms / 1000}

@@ -446,6 +446,7 @@ def test_a_daemon_that_does_not_answer_in_time_lets_the_call_run_unmanaged(box: 
     assert any("daemon unavailable" in m and "running unmanaged" in m for m in box.warnings())
     (entry,) = box.journal_entries()
     assert entry["call"] == name and entry["managed"] is False
+    assert entry["unmanaged"].startswith("daemon unavailable after 0.1"), entry  # and why
     assert (box.cg / "init" / "cgroup.freeze").read_text().strip() == "0"  # thawed for it
     assert box.tools() == []
 
@@ -469,6 +470,7 @@ def test_a_daemon_that_says_no_or_speaks_another_protocol_is_not_followed(
     assert any(logged in m for m in box.warnings()), box.warnings()
     (entry,) = box.journal_entries()
     assert entry["call"] == name and entry["managed"] is False
+    assert entry["unmanaged"] in logged or "protocol v2" in entry["unmanaged"], entry
 
 
 def test_without_a_daemon_socket_the_call_runs_unmanaged(box: Box) -> None:
@@ -477,6 +479,7 @@ def test_without_a_daemon_socket_the_call_runs_unmanaged(box: Box) -> None:
     name = box.tool_name(argv)
     (entry,) = box.journal_entries()
     assert entry["call"] == name and entry["managed"] is False and entry["hint"] is None
+    assert entry["unmanaged"].startswith("no daemon socket at ")
     assert box.warnings() == []  # a daemon not installed is no trouble
 
 
