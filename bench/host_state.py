@@ -5,13 +5,18 @@ a first run could leave behind for the second (page cache, fragmented memory tha
 huge pages, dying cgroups that reclaim and stat reads still walk, an engine grown larger) is
 recorded before and after each run, so a results file says whether it did. The bench's own
 CPU is split into the driver's and its waited children's (`docker` CLI clients): the two
-parts of the bench unit's line in the CPU ledger.
+parts of the bench unit's line in the CPU ledger. The kernel's stall warnings over a run
+(`kernel_stalls`) say whether the emulator starved the guest: on 6 Dec, evening, one boot
+logged RCU stalls every minute or two for an hour, and every run in it took 2-4x as long as
+the day before.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import resource
+from collections.abc import Iterable
 from typing import Any
 
 from bench import cpu_ledger, sysfs
@@ -24,6 +29,30 @@ MEMINFO = ("MemFree", "MemAvailable", "Cached", "AnonPages", "AnonHugePages", "S
 # a sandbox's extra CPU. allocstall_* are summed (one per zone type).
 VMSTAT = ("pgfault", "thp_fault_alloc", "thp_fault_fallback", "pgscan_kswapd", "pgscan_direct",
           "pgsteal_kswapd", "pgsteal_direct", "compact_stall", "workingset_refault_file")
+
+
+# The kernel's words for a CPU or task that could not run: each record is one warning.
+STALLS = {"rcu": ("detected stalls on CPUs/tasks", "self-detected stall on CPU"),
+          "soft_lockup": ("soft lockup - CPU#",), "hung_task": ("blocked for more than",)}
+
+
+_BLOCKED = re.compile(r"\bP(\d+)")
+
+
+def kernel_stalls(records: Iterable[tuple[int, str]], proc: str = "/proc") -> dict[str, Any]:
+    """How many stall warnings of each kind the kernel's log records hold, and the tasks an
+    RCU stall named as blocking it (`blocked`: pid -> its name now, "" when gone)."""
+    out: dict[str, Any] = dict.fromkeys(STALLS, 0)
+    pids: set[int] = set()
+    for _, msg in records:
+        for kind, phrases in STALLS.items():
+            if any(p in msg for p in phrases):
+                out[kind] += 1
+        if "Tasks blocked on" in msg:
+            pids.update(int(p) for p in _BLOCKED.findall(msg.partition("Tasks blocked on")[2]))
+    out["blocked"] = {str(pid): (sysfs.read(os.path.join(proc, str(pid), "comm")) or "").strip()
+                      for pid in sorted(pids)}
+    return out
 
 
 def _vmstat(text: str) -> dict[str, int]:

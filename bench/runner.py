@@ -496,8 +496,9 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         by_id = decisions.annotate_calls(result["calls"], entries, events, rep.t0_epoch)
         decisions.annotate_attempts(result["attempts"], events)
         result["daemon_events"] = events
-        result["kills"] = _attribute_kills(
-            kills.parse_kills(r for r in host.kernel_log() if r[0] > kseq), rep, by_id)
+        klog = [r for r in host.kernel_log() if r[0] > kseq]
+        result["kills"] = _attribute_kills(kills.parse_kills(klog), rep, by_id)
+        result["host_state"]["kernel_stalls"] = host_state.kernel_stalls(klog)
         result["metrics"]["kills_init"] = sum(k["victim"] == "init" for k in result["kills"])
         result["metrics"]["kills_call"] = sum(k["victim"] == "call" for k in result["kills"])
         result["metrics"]["kills_unattributed"] = sum(k["victim"] == "unattributed"
@@ -507,6 +508,7 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
     finally:
         host.close_slice()
     m = result["metrics"]
+    stalls = {k: v for k, v in result["host_state"]["kernel_stalls"].items() if v}
     log(f"== {scheme.name}: {m['tasks_completed']}/{m['tasks_total']} tasks, makespan "
         f"{m['makespan_s']:.1f}s ({m['makespan_trace_s']:.0f}s trace), P50 "
         f"{m['latency_arrival_p50_s']:.1f}s, OOM kills {m['oom_kills']} (kernel: "
@@ -514,7 +516,9 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         f"{m['failed_attempts']}/{m['attempts']}, peak mem {m['mem_peak_util']:.0%}"
         + (f", swap peak {result['swap']['swap_peak_bytes'] / MiB:.0f} MiB" if swap else "")
         + (f"; WARNING: {m['sandboxes_unmanaged']} sandboxes unmanaged"
-           if m.get("sandboxes_unmanaged") else ""))
+           if m.get("sandboxes_unmanaged") else "")
+        + (f"; WARNING: kernel stall warnings {stalls} (a starved guest: times are not "
+           "comparable)" if stalls else ""))
     return result
 
 

@@ -37,3 +37,24 @@ def test_a_run_records_levels_before_and_after_and_the_counters_growth(tmp_path:
     assert d["before"]["cgroups"]["nr_dying_descendants"] == 3
     assert d["after"]["cgroups"]["nr_dying_descendants"] == 9
     assert d["bench_cpu_s"]["clients"] > 0
+
+
+def test_kernel_stall_warnings_are_counted_by_kind(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "43").mkdir(parents=True)
+    (proc / "43" / "comm").write_text("khugepaged\n")
+    records = [
+        (10, "rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:"),
+        (11, "rcu: \tTasks blocked on level-0 rcu_node (CPUs 0-1): P43/1:b..l"),
+        (12, "rcu: INFO: rcu_preempt self-detected stall on CPU"),
+        (13, "watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [memload:812]"),
+        (14, "INFO: task kworker/u4:2:97 blocked for more than 120 seconds."),
+        (15, "Memory cgroup out of memory: Killed process 1246 (memload)"),
+    ]
+    assert host_state.kernel_stalls(records, str(proc)) == {
+        "rcu": 2, "soft_lockup": 1, "hung_task": 1, "blocked": {"43": "khugepaged"}}
+    assert host_state.kernel_stalls([(1, "rcu: \tTasks blocked on level-0 rcu_node (CPUs 0-1):"
+                                          " P7 P9/1:b..l")], str(proc))["blocked"] == {
+        "7": "", "9": ""}  # gone since
+    assert host_state.kernel_stalls([]) == {"rcu": 0, "soft_lockup": 0, "hung_task": 0,
+                                            "blocked": {}}
