@@ -498,7 +498,11 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         result["daemon_events"] = events
         klog = [r for r in host.kernel_log() if r[0] > kseq]
         result["kills"] = _attribute_kills(kills.parse_kills(klog), rep, by_id)
-        result["host_state"]["kernel_stalls"] = host_state.kernel_stalls(klog)
+        result["host_state"]["kernel_stalls"] = ks = host_state.kernel_stalls(klog)
+        if any(v for k, v in ks.items() if k != "blocked"):
+            result["notes"].append(
+                f"the kernel logged stall warnings during the run ({ks}): the guest was "
+                "starved, so its times are not comparable with other runs'")
         result["metrics"]["kills_init"] = sum(k["victim"] == "init" for k in result["kills"])
         result["metrics"]["kills_call"] = sum(k["victim"] == "call" for k in result["kills"])
         result["metrics"]["kills_unattributed"] = sum(k["victim"] == "unattributed"
@@ -508,7 +512,8 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
     finally:
         host.close_slice()
     m = result["metrics"]
-    stalls = {k: v for k, v in result["host_state"]["kernel_stalls"].items() if v}
+    stalls = {k: v for k, v in result["host_state"]["kernel_stalls"].items()
+              if v and k != "blocked"}
     log(f"== {scheme.name}: {m['tasks_completed']}/{m['tasks_total']} tasks, makespan "
         f"{m['makespan_s']:.1f}s ({m['makespan_trace_s']:.0f}s trace), P50 "
         f"{m['latency_arrival_p50_s']:.1f}s, OOM kills {m['oom_kills']} (kernel: "
