@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 SOCKET = "/var/run/docker.sock"
 EXEC_FAILED = 126  # what the CLI and dockerd give an exec the runtime could not start
+EXIT_GRACE_S = 60.0  # how long an exec whose stream ended may take to report its exit code
 STDERR = 2  # an attach stream's frame kind for stderr (1 is stdout)
 
 
@@ -116,15 +117,20 @@ class Client:
         if status != 200:
             return EXEC_FAILED, b"", raw
         out, err = demux(raw)
-        for _ in range(50):  # the exit code is set as the stream closes; a moment's grace
+        # The exit code is set as the stream closes, a moment later; on a starved host many
+        # seconds later, so the grace backs off up to EXIT_GRACE_S in all.
+        deadline, pause = time.monotonic() + EXIT_GRACE_S, 0.05
+        while True:
             info = self._json("GET", f"/exec/{eid}/json", None, 60.0)
             if not info.get("Running") and info.get("ExitCode") is not None:
                 code = int(info["ExitCode"])
                 if code == EXEC_FAILED and not info.get("Pid"):
                     return code, b"", err + out  # never started: the error is dockerd's
                 return code, out, err
-            time.sleep(0.1)
-        return EXEC_FAILED, out, err + b"exec still running after its stream ended"
+            if time.monotonic() >= deadline:
+                return EXEC_FAILED, out, err + b"exec still running after its stream ended"
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     def inspect(self, cid: str, timeout: float = 60.0) -> dict[str, Any]:
         return dict(self._json("GET", f"/containers/{quote(cid)}/json", None, timeout))

@@ -32,8 +32,10 @@ VMSTAT = ("pgfault", "thp_fault_alloc", "thp_fault_fallback", "pgscan_kswapd", "
 
 
 # The kernel's words for a CPU or task that could not run: each record is one warning.
-STALLS = {"rcu": ("detected stalls on CPUs/tasks", "self-detected stall on CPU"),
-          "soft_lockup": ("soft lockup - CPU#",), "hung_task": ("blocked for more than",)}
+STALLS = {"rcu": ("detected stalls on CPUs/tasks", "self-detected stall on CPU",
+                  "detected expedited stalls on CPUs/tasks"),
+          "soft_lockup": ("soft lockup - CPU#",), "hard_lockup": ("detected hard LOCKUP",),
+          "hung_task": ("blocked for more than",)}
 
 
 _BLOCKED = re.compile(r"\bP(\d+)")

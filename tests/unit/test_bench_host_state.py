@@ -52,9 +52,10 @@ def test_kernel_stall_warnings_are_counted_by_kind(tmp_path: Path) -> None:
         (15, "Memory cgroup out of memory: Killed process 1246 (memload)"),
     ]
     assert host_state.kernel_stalls(records, str(proc)) == {
-        "rcu": 2, "soft_lockup": 1, "hung_task": 1, "blocked": {"43": "khugepaged"}}
+        "rcu": 2, "soft_lockup": 1, "hard_lockup": 0, "hung_task": 1,
+        "blocked": {"43": "khugepaged"}}
     assert host_state.kernel_stalls([(1, "rcu: \tTasks blocked on level-0 rcu_node (CPUs 0-1):"
                                           " P7 P9/1:b..l")], str(proc))["blocked"] == {
         "7": "", "9": ""}  # gone since
-    assert host_state.kernel_stalls([]) == {"rcu": 0, "soft_lockup": 0, "hung_task": 0,
-                                            "blocked": {}}
+    assert host_state.kernel_stalls([]) == {"rcu": 0, "soft_lockup": 0, "hard_lockup": 0,
+                                            "hung_task": 0, "blocked": {}}

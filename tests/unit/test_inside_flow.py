@@ -221,6 +221,38 @@ def test_a_child_is_placed_admitted_and_journaled(tmp_path: Path,
     assert entry["hint"]["memory_bytes"] == 300 * MiB
 
 
+def test_a_call_the_engine_could_not_take_runs_and_is_journaled_with_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, _cg, _moves = _setup(tmp_path, monkeypatch)
+
+    def refuse(msg: dict[str, Any]) -> Any:
+        raise RuntimeError("queue closed")
+
+    monkeypatch.setattr(agents.engine, "submit", refuse)
+
+    async def scenario() -> dict[str, Any]:
+        agents.start()
+        try:
+            child = subprocess.Popen(["sleep", "0.2"], stderr=subprocess.PIPE)
+            FakeConnector.instances[-1].push(*_events(os.getpid(), child.pid))
+            await asyncio.sleep(0.1)
+            [call] = agents.calls.values()
+            assert call.call.managed is False and call.call.start is not None  # it runs
+            child.wait()
+            agents._ended(call.name)
+            for _ in range(50):
+                await asyncio.sleep(0.05)
+                if (tmp_path / "calls.jsonl").exists():
+                    break
+            return json.loads((tmp_path / "calls.jsonl").read_text())
+        finally:
+            agents.stop()
+
+    entry = asyncio.run(scenario())
+    assert entry["managed"] is False
+    assert entry["unmanaged"] == "not admitted (RuntimeError: queue closed)"
+
+
 def test_a_call_caught_in_a_slow_exec_keeps_its_hint(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """`sh -c 'memhog ...'` caught while the shell execs the tool: /proc reads neither command

@@ -27,7 +27,7 @@ class CallAdmission(AgentsState):
             _ticket, fut = self.engine.submit(msg)
         except Exception as e:  # noqa: BLE001 - fail open
             log.warning("inside call %s: not admitted (%s); running unmanaged", c.name, e)
-            self._run(c, None)
+            self._run(c, None, f"not admitted ({type(e).__name__}: {e})")
             return
         if fut.done():
             self._run(c, fut.result())
@@ -48,7 +48,7 @@ class CallAdmission(AgentsState):
             log.warning("inside call %s: no admission after %.0f s; running unmanaged",
                         c.name, bound)
             self.engine.cancel(c.name)
-            self._run(c, None)
+            self._run(c, None, f"no admission after {bound:.0f} s")
             return
         except asyncio.CancelledError:
             if c.frozen:
@@ -56,11 +56,11 @@ class CallAdmission(AgentsState):
             raise
         self._run(c, decision)
 
-    def _run(self, c: Call, decision: Any) -> None:
-        """Admitted (decision) or failed open (None): let it go."""
+    def _run(self, c: Call, decision: Any, why: str = "") -> None:
+        """Admitted (decision) or failed open (None, and why): let it go."""
         call = c.call
         if decision is None:
-            call.admitted(False)
+            call.admitted(False, unmanaged=why or "not admitted")
         else:
             call.admitted(True, round(float(decision.waited_s), 3), bool(decision.forced))
             if call.inside is not None:

@@ -35,7 +35,7 @@ class Ending(AgentsState):
             if c.wait is not None:
                 c.wait.cancel()
             self.engine.cancel(name)
-            call.admitted(False)
+            call.admitted(False, unmanaged="ended before it was admitted")
             call.start = end
         gate = self.engine.done(name) if call.managed else None
         entry = outcome.conclude(call, end, gate)
