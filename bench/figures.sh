@@ -64,6 +64,11 @@ sim() {
             "$python" -m bench.sim validate "$f" --policy-rev 6e2bd9d \
                 --out "$s/validate-light-api-6e2bd9d/$(basename "$f" .json.gz)"
         done
+        # Light load (1x) on the evening's slower host: a stalling boot (d-N) and a clean one (b-N).
+        for f in docs/replay/light-load-slow-host-f622018/*.json.gz; do
+            "$python" -m bench.sim validate "$f" --policy-rev f622018 \
+                --out "$s/validate-light-slow-host-f622018/$(basename "$f" .json.gz)"
+        done
         # Every fleet boot in its own fit and at its own policy (the directory's revision), with
         # the zram the VM had: docs/sim/README.md, "Every fleet boot, in sample".
         for f in docs/replay/fleet/*-*/repeat-*.json.gz docs/replay/sweep-*/repeat-*.json.gz; do
