@@ -499,7 +499,8 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
         klog = [r for r in host.kernel_log() if r[0] > kseq]
         result["kills"] = _attribute_kills(kills.parse_kills(klog), rep, by_id)
         result["host_state"]["kernel_stalls"] = ks = host_state.kernel_stalls(klog)
-        if any(v for k, v in ks.items() if k != "blocked"):
+        stalls = {k: v for k, v in ks.items() if v and k != "blocked"}
+        if stalls:
             result["notes"].append(
                 f"the kernel logged stall warnings during the run ({ks}): the guest was "
                 "starved, so its times are not comparable with other runs'")
@@ -512,8 +513,6 @@ def run_scheme(host: Host, scheme: Scheme, tasks: Sequence[Task], arrivals_wall:
     finally:
         host.close_slice()
     m = result["metrics"]
-    stalls = {k: v for k, v in result["host_state"]["kernel_stalls"].items()
-              if v and k != "blocked"}
     log(f"== {scheme.name}: {m['tasks_completed']}/{m['tasks_total']} tasks, makespan "
         f"{m['makespan_s']:.1f}s ({m['makespan_trace_s']:.0f}s trace), P50 "
         f"{m['latency_arrival_p50_s']:.1f}s, OOM kills {m['oom_kills']} (kernel: "

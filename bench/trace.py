@@ -361,7 +361,7 @@ def memload_timings(stderr: str) -> tuple[dict[str, float] | None, str]:
         values = [float(v) for v in m.groups()]
     except ValueError:
         return None, stderr
-    rest = (stderr[:m.start()] + stderr[m.end():].removeprefix("\n"))
+    rest = stderr[:m.start()] + stderr[m.end():].removeprefix("\n")
     return dict(zip(("start", "full", "left", "end"), values, strict=True)), rest
 
 
