@@ -45,6 +45,10 @@ UNMEASURED_EXEC_DURING = {"runc": 0.91, "execgate": 0.24}
 # A runtime's points at this many distinct n or more fit their own shape (the VM sweep: 16);
 # fewer (a burst: every docker run at n = 15-16) share one with the other's (`fit_level`).
 OWN_SHAPE_NS = 5
+# exec_before where no run kept memload's timings (every boot before 6 Dec, evening): the median
+# of the ten light-load runs that did (docs/replay/light-load-slow-host-f622018: 0.935-0.969,
+# runc and execgate alike).
+UNMEASURED_EXEC_BEFORE = 0.96
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,9 @@ class CostModel:
     exec: Fit
     rm: Fit
     # Fraction of an exec's overhead spent before the tool process starts (the rest after it
-    # ends): docker exec's setup (runtime, cgroup, admission) vs. teardown and stream close.
+    # ends): docker exec's setup (runtime, cgroup) vs. teardown and stream close. Fitted from
+    # memload's own timings (`exec_split`) where the runs kept them; 0.94-0.97 in every run
+    # that did, so a call's memory comes later in its exec than half-and-half put it.
     exec_before: float = 0.5
     # Fraction of an exec's overhead that is the tool process running slower, its trace
     # stretched over that time while it holds its memory (the rest is setup and teardown,
@@ -193,6 +199,32 @@ def stalled_overhead(results: Mapping[str, Any], runtime: str = "runc") -> tuple
             total += gap
             stalled += min(max(at(c["end"]) - at(c["start"]), 0.0), gap)
     return total, stalled
+
+
+def exec_split(results: Mapping[str, Any], runtime: str = "runc") -> tuple[float, float]:
+    """(exec overhead before the tool process started, before + after it ended) in seconds,
+    summed over the runtime's successful calls whose memload reported its timings (`ran`): the
+    fitted exec_before is their ratio. The daemon's admission wait, which the simulator adds
+    itself, comes out of the part before; a call without a known wait in a run where calls
+    waited is left out."""
+    before = total = 0.0
+    for run in results["runs"]:
+        if _runtime(run) != runtime:
+            continue
+        pure = _no_wait(run)
+        for c in run["calls"]:
+            ran = c.get("ran")
+            if c["exit"] != 0 or not isinstance(ran, Mapping):
+                continue
+            waited = (c.get("daemon") or {}).get("waited_s")
+            if not isinstance(waited, int | float):
+                if not pure:
+                    continue
+                waited = 0.0
+            lead = max(ran["start"] - c["start"] - float(waited), 0.0)
+            tail = max(c["end"] - ran["end"], 0.0)
+            before, total = before + lead, total + lead + tail
+    return before, total
 
 
 def observations(results: Mapping[str, Any], tasks: Mapping[str, Task], runtime: str = "runc",
@@ -406,21 +438,31 @@ def fit_pooled(files: Sequence[tuple[Mapping[str, Any], Mapping[str, Task]]],
             total, stalled = total + t, stalled + st
         return stalled / total if total else UNMEASURED_EXEC_DURING.get(rt, 0.0)
 
+    def before(rt: str) -> float:
+        """The runtime's exec_before: the share of its exec overhead before the tool ran."""
+        lead = total = 0.0
+        for results, _ in files:
+            b, t = exec_split(results, rt)
+            lead, total = lead + b, total + t
+        return lead / total if total else UNMEASURED_EXEC_BEFORE
+
     runc_obs = obs("runc")
     others = sorted({_runtime(r) for results, _ in files for r in results["runs"]} - {"runc"})
     if not others:
         base = {op: fit(runc_obs[op]) for op in OPS}
         return {"runc": CostModel(base["run"], base["exec"], base["rm"],
-                                  exec_during=during("runc"),
+                                  exec_before=before("runc"), exec_during=during("runc"),
                                   source=f"fitted to {what} runc runs")}
     models: dict[str, CostModel] = {}
     for rt in others:  # in practice one: execgate
         rt_obs = obs(rt)
         pairs = {op: fit_level(runc_obs[op], rt_obs[op]) for op in OPS}
         models.setdefault("runc", CostModel(*(pairs[op][0] for op in OPS),
+                                            exec_before=before("runc"),
                                             exec_during=during("runc"),
                                             source=f"fitted to {what} runc and {rt} runs"))
-        models[rt] = CostModel(*(pairs[op][1] for op in OPS), exec_during=during(rt),
+        models[rt] = CostModel(*(pairs[op][1] for op in OPS), exec_before=before(rt),
+                               exec_during=during(rt),
                                source=f"fitted to {rt}'s runs: per operation its own shape "
                                       f"where they cover >= {OWN_SHAPE_NS} values of n, else "
                                       "runc's x a ratio")

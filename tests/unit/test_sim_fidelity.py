@@ -9,8 +9,10 @@ import pytest
 
 from bench.schemes import SCHEMES, bench_config
 from bench.sim.cost import (
+    UNMEASURED_EXEC_BEFORE,
     UNMEASURED_EXEC_DURING,
     Fit,
+    exec_split,
     fit,
     fit_level,
     fit_pooled,
@@ -198,6 +200,30 @@ def test_exec_during_is_the_share_of_exec_overhead_the_slice_stalled() -> None:
                                  "queued_tasks", "swap_bytes"]
     assert fit_pooled([({"runs": [old]}, tasks)])["runc"].exec_during == \
         UNMEASURED_EXEC_DURING["runc"]
+
+
+def test_exec_before_is_the_share_of_exec_overhead_before_the_tool_started() -> None:
+    """The fitted exec_before is measured from memload's own timings (`ran`), not assumed
+    half: of an exec's 46-50 s with the tool at 47.6-49.6, 1.6 s came before and 0.4 s after.
+    Under the daemon its admission wait, which the simulator adds itself, is not overhead; a
+    call that ran no tool, or one whose wait is unknown where calls waited, is left out; a
+    file without timings falls back to the measured runs' median."""
+    tasks = {"t0": _task(0)}
+    run = _run(False, None)
+    run["calls"][0]["ran"] = {"start": 47.6, "full": 48.0, "left": 49.5, "end": 49.6}
+    assert exec_split({"runs": [run]}, "runc") == pytest.approx((1.6, 2.0))
+    assert fit_pooled([({"runs": [run]}, tasks)])["runc"].exec_before == pytest.approx(0.8)
+    waited = _run(True, {"waited_s": 0.0})
+    waited["metrics"] = {"admission_wait_max_s": 5.0}
+    waited["calls"][0].update(ran={"start": 47.6, "end": 49.6}, daemon={"waited_s": 1.0})
+    assert exec_split({"runs": [waited]}, "execgate") == pytest.approx((0.6, 1.0))
+    del waited["calls"][0]["daemon"]
+    killed = _run(False, None)
+    killed["calls"][0].update(exit=137, ran=None)
+    assert exec_split({"runs": [waited, killed]}, "execgate") == (0.0, 0.0)
+    assert exec_split({"runs": [waited, killed]}, "runc") == (0.0, 0.0)
+    assert fit_pooled([({"runs": [_run(False, None)]}, tasks)])["runc"].exec_before == \
+        UNMEASURED_EXEC_BEFORE
 
 
 def test_execgate_gets_its_own_shape_where_its_points_cover_enough_loads() -> None:
