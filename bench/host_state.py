@@ -69,10 +69,19 @@ def _rusage_s(who: int) -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def snapshot(root: str = ROOT, proc: str = "/proc") -> dict[str, Any]:
+def thp_mode(sys_dir: str = "/sys") -> str | None:
+    """Transparent huge pages' mode (always, madvise, never), the bracketed word; None where
+    the kernel has none. With `always` a saturated test VM starves khugepaged into RCU stalls
+    (tests/vm/boot.sh)."""
+    text = sysfs.read(os.path.join(sys_dir, "kernel/mm/transparent_hugepage/enabled")) or ""
+    m = re.search(r"\[(\w+)\]", text)
+    return m.group(1) if m else None
+
+
+def snapshot(root: str = ROOT, proc: str = "/proc", sys_dir: str = "/sys") -> dict[str, Any]:
     """Memory (bytes), vmstat's cumulative counters, the cgroup tree's live and dying
-    descendants, and this process's and its waited children's CPU seconds."""
-    out: dict[str, Any] = {}
+    descendants, THP's mode, and this process's and its waited children's CPU seconds."""
+    out: dict[str, Any] = {"thp": thp_mode(sys_dir)}
     info = (sysfs.read(os.path.join(proc, "meminfo")) or "").encode()
     out["meminfo"] = {k: v for k in MEMINFO if (v := meminfo.field(info, k)) is not None}
     out["vmstat"] = _vmstat(sysfs.read(os.path.join(proc, "vmstat")) or "")
@@ -95,7 +104,7 @@ def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     grew = {k: after["vmstat"].get(k, 0) - v for k, v in before.get("vmstat", {}).items()}
     cpu = {k: round(after["bench_cpu_s"].get(k, 0.0) - v, 3)
            for k, v in before.get("bench_cpu_s", {}).items()}
-    levels = ("meminfo", "cgroups", "driver", "engine_bytes")
+    levels = ("meminfo", "cgroups", "driver", "engine_bytes", "thp")
     return {"before": {k: before.get(k) for k in levels},
             "after": {k: after.get(k) for k in levels},
             "vmstat": grew, "bench_cpu_s": cpu}

@@ -19,12 +19,17 @@ def _fake(root: Path, faults: int, dying: int) -> tuple[Path, Path]:
     (proc / "vmstat").write_text(f"pgfault {faults}\nthp_fault_fallback {faults // 10}\n"
                                  "allocstall_dma32 2\nallocstall_normal 3\n")
     (proc / "self" / "status").write_text("Name:\tpython3\nVmRSS:\t  5120 kB\nThreads:\t7\n")
+    thp = root / "sys" / "kernel" / "mm" / "transparent_hugepage"
+    thp.mkdir(parents=True, exist_ok=True)
+    (thp / "enabled").write_text("always [madvise] never\n")
     return cg, proc
 
 
 def test_a_run_records_levels_before_and_after_and_the_counters_growth(tmp_path: Path) -> None:
     cg, proc = _fake(tmp_path, 1000, 3)
-    before = host_state.snapshot(str(cg), str(proc))
+    before = host_state.snapshot(str(cg), str(proc), str(tmp_path / "sys"))
+    assert before["thp"] == "madvise"
+    assert host_state.thp_mode(str(tmp_path / "nosys")) is None
     assert before["meminfo"] == {"MemFree": 1000 * 1024, "Cached": 200 * 1024}
     assert before["vmstat"]["allocstall"] == 5
     assert before["driver"] == {"threads": 7, "rss_kib": 5120}
@@ -32,10 +37,11 @@ def test_a_run_records_levels_before_and_after_and_the_counters_growth(tmp_path:
     cg, proc = _fake(tmp_path, 1500, 9)
     # A waited child's CPU lands in RUSAGE_CHILDREN: the bench's `docker` clients.
     subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
-    d = host_state.delta(before, host_state.snapshot(str(cg), str(proc)))
+    d = host_state.delta(before, host_state.snapshot(str(cg), str(proc), str(tmp_path / "sys")))
     assert d["vmstat"]["pgfault"] == 500 and d["vmstat"]["thp_fault_fallback"] == 50
     assert d["before"]["cgroups"]["nr_dying_descendants"] == 3
     assert d["after"]["cgroups"]["nr_dying_descendants"] == 9
+    assert d["before"]["thp"] == d["after"]["thp"] == "madvise"
     assert d["bench_cpu_s"]["clients"] > 0
 
 
