@@ -17,11 +17,12 @@ smp=${EXECGATE_VM_SMP:-2}
 # vCPUs in turn cannot, and costs only ~13 % on the suite (most of it waits on timers).
 tcg_threads=${EXECGATE_VM_TCG:-single}
 tries=${EXECGATE_VM_TRIES:-3}
-# THP for madvised memory only (most hosts' default; Debian's kernel says `always`): with
-# `always`, khugepaged (nice 19) is preempted inside RCU read sections whenever the emulated
-# CPUs are saturated, and without RCU boosting it is not run again for minutes: RCU stalls
-# every ~70 s naming it, in a boot alone on the host (6 Dec), and times not comparable.
-thp=${EXECGATE_VM_THP:-madvise}
+# THP's mode, e.g. madvise (run.sh sets it for measurement boots; empty: the kernel's own,
+# Debian's `always`). With `always`, khugepaged (nice 19) is preempted inside RCU read sections
+# whenever the emulated CPUs are saturated, and without RCU boosting it is not run again for
+# minutes: RCU stalls every ~70 s naming it in a 15x burst boot alone on the host (6 Dec), and
+# times not comparable. With madvise the next such boot had none.
+thp=${EXECGATE_VM_THP:-}
 
 image=$("$here/build-image.sh") || { echo "boot.sh: building the VM image failed" >&2; exit 125; }
 [[ -f $image/rootfs.img && -f $image/vmlinuz ]] \
@@ -40,7 +41,7 @@ for try in $(seq 1 "$tries"); do
     timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
         -accel "tcg,thread=$tcg_threads" -cpu max -smp "$smp" -m "$mem" \
         -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
-        -append "root=/dev/vda rw console=ttyS0 panic=-1 oops=panic systemd.show_status=0 loglevel=4 transparent_hugepage=$thp" \
+        -append "root=/dev/vda rw console=ttyS0 panic=-1 oops=panic systemd.show_status=0 loglevel=4${thp:+ transparent_hugepage=$thp}" \
         -drive "file=$image/rootfs.img,format=raw,if=virtio,snapshot=on" \
         -drive "file=$work/payload.img,format=raw,if=virtio" \
         -nic none -no-reboot -display none -monitor none -serial "file:$console" </dev/null

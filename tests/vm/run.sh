@@ -61,6 +61,10 @@ echo "$mode" >"$payload/mode"
 # EXECGATE_* settings (test arguments, cycle counts, ...) follow the payload into the VM.
 for v in ${!EXECGATE_@}; do printf 'export %s=%q\n' "$v" "${!v}"; done >"$payload/env"
 
+# Measurement boots (bench, cmd) run THP for madvised memory only (boot.sh); the suite keeps
+# the kernel's default until a whole suite has passed with it.
+[[ $mode == test ]] || export EXECGATE_VM_THP=${EXECGATE_VM_THP-madvise}
+
 set +e
 "$here/boot.sh" "$payload" "$results" "$timeout_s"
 rc=$?
