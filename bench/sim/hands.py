@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,17 +120,17 @@ def _learns_leftovers() -> bool:
 _LEFTOVERS = _learns_leftovers()
 
 
-def _waiting_step_s() -> float:
-    """How often the revision's daemon decides waiting creates when nothing changed
-    (daemon/sandboxes.py WAITING_STEP_S, 6 Dec); 0 before: every period."""
+def _waiting_step() -> Callable[[], Any] | None:
+    """The revision daemon's rule for when waiting creates are decided (daemon/sandboxes.py
+    WaitingStep, 6 Dec); None before: every period."""
     try:
         from execgate.daemon import sandboxes
     except ImportError:  # a revision without sandbox admission
-        return 0.0
-    return float(getattr(sandboxes, "WAITING_STEP_S", 0.0))
+        return None
+    return getattr(sandboxes, "WaitingStep", None)
 
 
-_WAITING_STEP_S = _waiting_step_s()
+_WAITING_STEP = _waiting_step()
 
 
 def settings_from_config(cfg: Mapping[str, Any]) -> tuple[daemon_settings.Settings, list[str]]:
@@ -226,9 +225,8 @@ class ExecgateHands:
         self.box_load: dict[str, tuple[float, float]] = {}
         self.sandbox_waits: list[float] = []
         self.sandbox_fail_open = 0
-        self._asked = 0  # creates asked so far
-        self._decided_at = -math.inf  # the last decision while creates waited
-        self._decided_on: tuple[int, set[str]] = (0, set())  # creates asked, calls running then
+        # daemon/sandboxes.py: waiting creates decided when due (None: every period)
+        self.decide = _WAITING_STEP() if _WAITING_STEP is not None else None
         self._box_calls: dict[str, int] = {}  # sandbox -> its submitted, unreleased calls
         # The policy's views of the sandboxes, rebuilt only where they changed (views.py).
         self._live_views = (BoxViews(domain, self._live_view) if sandbox_admission is not None
@@ -302,20 +300,15 @@ class ExecgateHands:
             return [box_id]
         self.sandboxes.submit(_sa.SandboxRequest(box_id, "bench", first_call_peak, **DOCKER))
         self.box_waiting[box_id] = first_call_peak
-        self._asked += 1
+        if self.decide is not None:
+            self.decide.asked += 1
         return self.step_sandboxes()
 
     def step_sandboxes(self) -> list[str]:
         if self.sandboxes is None or not self.box_waiting:
             return []
-        # daemon/sandboxes.py step(): every WAITING_STEP_S, or when a create came or a call
-        # began or ended since the last decision
-        now = self.clock()
-        asked, live_calls = self._decided_on
-        if now - self._decided_at < _WAITING_STEP_S and asked == self._asked \
-                and self.running.keys() == live_calls:
+        if self.decide is not None and not self.decide.due(self.clock(), self.running):
             return []
-        self._decided_at, self._decided_on = now, (self._asked, set(self.running))
         assert self._live_views is not None
         live = self._live_views.read(self.clock())
         if self.in_flight:

@@ -71,6 +71,25 @@ WAITING_STEP_S = 0.5
 BASELINES = "baselines.json"  # in the state directory: BaselineModel.export()
 
 
+class WaitingStep:
+    """When waiting creates are decided: every `period_s`, or at once when a create has come
+    or the running calls changed since the last decision (the simulator's hands use it too)."""
+
+    def __init__(self, period_s: float = WAITING_STEP_S) -> None:
+        self.period_s = period_s
+        self.asked = 0  # creates asked so far
+        self.at = -math.inf  # the last decision
+        self._on: tuple[int, set[str]] = (0, set())  # creates asked, calls running then
+
+    def due(self, now: float, calls: Iterable[str]) -> bool:
+        """Whether to decide now; if so, this is the decision's time."""
+        ids = set(calls)
+        if now - self.at < self.period_s and self._on == (self.asked, ids):
+            return False
+        self.at, self._on = now, (self.asked, ids)
+        return True
+
+
 def cgroup_dir(cgroups_path: str, root: str = v2.ROOT) -> str | None:
     """The cgroupfs directory a spec's linux.cgroupsPath names (runc's two grammars:
     "slice:prefix:name" for the systemd driver, a path for cgroupfs); None when not said."""
@@ -136,9 +155,7 @@ class Sandboxes:
         self.boxes: dict[str, Box] = {}
         self.waiting: dict[str, tuple[dict[str, Any], asyncio.Future[SandboxDecision]]] = {}
         self.scanned_at = -math.inf
-        self.decided_at = -math.inf  # the last measure-and-decide while creates waited
-        self._decided_on: tuple[int, set[str]] = (0, set())  # creates asked, calls live then
-        self._asked = 0  # creates asked so far
+        self.decide = WaitingStep()  # while creates wait: measured and decided when due
         self.stats = {"outside_domain": 0, "cancelled": 0}
         # Sandboxes whose first call came before a rescan found their record (an agent's exec
         # right after its create): their Box is born having been called.
@@ -188,7 +205,7 @@ class Sandboxes:
         ticket = self.policy.submit(SandboxRequest(sid, image, arrival=self.clock(),
                                                    caller_deadline=deadline))
         self.waiting[sid] = (msg, fut)
-        self._asked += 1
+        self.decide.asked += 1
         pred = ticket.prediction
         self.events.publish("queued", of="sandbox", sandbox=sid, image=image,
                             baseline=pred.baseline_bytes, peak=pred.call_peak_bytes,
@@ -242,11 +259,8 @@ class Sandboxes:
                 self._rescan(now, calls)
                 self.policy.expire(self.boxes.keys())
             return
-        asked, live = self._decided_on
-        if now - self.decided_at < WAITING_STEP_S and asked == self._asked \
-                and calls.keys() == live:
+        if not self.decide.due(now, calls):
             return
-        self.decided_at, self._decided_on = now, (self._asked, set(calls))
         self._rescan(now, calls)
         snap = self._snapshot(reading, used, calls, set(busy()), activity, queued_peaks())
         self.last = snap
