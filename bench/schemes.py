@@ -125,8 +125,14 @@ ONE_CALL = replace(EXECGATE, name="execgate-onecall", family="execgate-onecall",
                                                         "reserve_growth": False}},
                    description="ablation: sandbox admission sets aside one call's room and a "
                                "baseline until the first call (the rule before 3 Dec)")
+# Sandbox admission before 6 Dec, night: any number of admitted creates under way at once.
+NO_LAUNCH_BOUND = replace(EXECGATE, name="execgate-nolaunchbound",
+                          family="execgate-nolaunchbound",
+                          daemon_tables={"sandbox_admission": {"max_launching": 0}},
+                          description="ablation: sandbox admission lets any number of admitted "
+                                      "creates be under way at once (the rule before 6 Dec)")
 _ABLATIONS: tuple[Scheme, ...] = (NO_ADMISSION, NO_GROWTH, NO_RESIDENCY, NO_SANDBOX_ADMISSION,
-                                  NO_SWAP, ONE_CALL)
+                                  NO_SWAP, ONE_CALL, NO_LAUNCH_BOUND)
 
 SCHEMES: dict[str, Scheme] = {
     s.name: s for s in (EAGER, EAGER_SWAP, STATIC, RESERVE, AGENTCGROUP, EXECGATE, *_ABLATIONS)

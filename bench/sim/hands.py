@@ -313,8 +313,11 @@ class ExecgateHands:
         live = self._live_views.read(self.clock())
         if self.in_flight:
             boxes = self.domain.boxes
+            launched = getattr(self.sandboxes, "launched", None)  # max_launching, 6 Dec
             for bid in [b for b in self.in_flight if b in boxes]:
                 del self.in_flight[bid]
+                if launched is not None:  # its runtime's start has run (daemon: prepared)
+                    launched(bid)
             live = [*live, *(LiveSandbox(bid, 0, 0, None, peak)
                              for bid, peak in self.in_flight.items())]
         running = [int(max(c.charge, self.calls[cid].declared_bytes or 0))

@@ -152,7 +152,8 @@ def print_sandbox_admission(sa: dict[str, Any]) -> None:
     print(f"sandbox admission: {'on' if sa.get('enabled') else 'off'} (max start wait "
           f"{bound('max_start_wait_s')} for kubelet, {bound('max_start_wait_s_no_deadline')} "
           f"for callers without a deadline); {sa.get('live', 0)} live, "
-          f"{len(sa.get('starting') or [])} starting, {len(waiting)} waiting; admitted "
+          f"{len(sa.get('starting') or [])} starting ({sa.get('launching', 0)} launching of "
+          f"at most {sa.get('max_launching') or 'any'}), {len(waiting)} waiting; admitted "
           f"{totals.get('admitted', 0)}, fail-open {totals.get('fail-open', 0)}, cancelled "
           f"{sa.get('cancelled', 0)}")
     if waiting:

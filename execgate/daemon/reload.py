@@ -50,7 +50,8 @@ LIVE: dict[str, frozenset[str] | None] = {
     "sandbox_admission": frozenset({"enabled", "max_start_wait_s", "max_start_wait_s_no_deadline",
                                     "default_baseline_bytes", "default_call_peak_bytes",
                                     "baseline_quantile", "settle_s", "count_call_load",
-                                    "reserve_growth", "learn_from_live", "calls_on_swap"}),
+                                    "reserve_growth", "learn_from_live", "calls_on_swap",
+                                    "max_launching"}),
     "headroom": ALL,
     "metrics": frozenset(),  # the endpoint is bound at start
     "retention": ALL,

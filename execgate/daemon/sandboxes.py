@@ -347,6 +347,8 @@ class Sandboxes:
                 box.called = cid in self._called_early or cid in in_call or born < self._born
                 self._called_early.discard(cid)
                 self.policy.live(cid, box.image)  # started before this daemon: its load counts
+            if rec.get("prepared"):  # its runtime's start has run (max_launching)
+                self.policy.launched(cid)
             if box.cgroup != cg:  # a restarted container may have a new one
                 self._forget(box.cgroup)
                 box.cgroup = cg

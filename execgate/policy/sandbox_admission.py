@@ -67,6 +67,10 @@ against budget - S alone held every create while calls ran on swap that still ha
   (starvation), and agents started first would finish last (unfair). The wait is bounded anyway,
   so strict order costs at most the bound on its wait (none for Docker's creates: below).
 * A sandbox is always admitted when nothing is live: alone it can only hurt itself.
+* At most `max_launching` admitted creates are under way at once (admission until the
+  runtime's `start` has run): a container's start is CPU work of the engine, runc and systemd,
+  and two dozen at once on two CPUs took minutes each, past systemd's scope timeout for some;
+  one at a time per few CPUs they come up one after another instead of all late.
 * The wait is bounded by the caller's patience, which differs by caller. kubelet (through a CRI
   runtime: the request says `caller_deadline`) times its runtime requests out at 2 minutes: after
   `max_start_wait_s` (default 100 s) its create goes ahead (fail open) with verdict FAIL_OPEN,
@@ -80,10 +84,11 @@ What the daemon passes in: `submit(SandboxRequest)` when a create asks; every co
 (and after submit/settled/finished) `step(DomainSnapshot)` with the budget, S
 (`PressureReading.safety_margin`), the live sandboxes (`headroom.LiveSandbox`) and running
 calls' charges; `settled(id)` when a started sandbox has reached its baseline (its first tool
-call); `finished(id, image, baseline_bytes)` when a sandbox is removed; `cancel(id)` when a
-create gave up or failed. What it gets back: from `step`, one `SandboxDecision` per queued
-sandbox (ADMITTED / FAIL_OPEN: let the create go on; WAITING: keep holding it), each with its
-reason; `snapshot()` for `execgatectl status`.
+call); `launched(id)` when its runtime's `start` has run; `finished(id, image,
+baseline_bytes)` when a sandbox is removed; `cancel(id)` when a create gave up or failed.
+What it gets back: from `step`, one `SandboxDecision` per queued sandbox (ADMITTED /
+FAIL_OPEN: let the create go on; WAITING: keep holding it), each with its reason;
+`snapshot()` for `execgatectl status`.
 
 Pure and deterministic: no I/O, time from the injected clock.
 """
@@ -126,6 +131,12 @@ class SandboxAdmissionConfig:
     # An admitted sandbox counts at least its predicted baseline until `settled` or this long
     # (with reserve_growth: for its life; this long only if it never shows up live).
     settle_s: float = 60.0
+    # At most this many admitted creates under way at once, from admission until the
+    # runtime's `start` has run (`launched`), or settle_s (a create that failed); the next waits
+    # (0: no bound). A container's start is CPU work of the engine, runc and systemd: in a VM
+    # run of the 15x burst 24 at once took 37-406 s each in runc create, and 7 of them failed
+    # in systemd's scope timeout, where 8 at once took ~50 s.
+    max_launching: int = 4
     # A start's duration (admission to first call) before one was measured: how long swap-out
     # has while a baseline arrives (0: count whole baselines until a start was measured).
     default_start_s: float = 1.0
@@ -156,6 +167,8 @@ class SandboxAdmissionConfig:
             raise ValueError("baseline_quantile must be in (0, 1]")
         if self.history_window < 1 or self.max_images < 1:
             raise ValueError("history_window and max_images must be >= 1")
+        if self.max_launching < 0:
+            raise ValueError("max_launching must be >= 0")
         if min(self.max_start_wait_s, self.max_start_wait_s_no_deadline, self.settle_s,
                self.default_start_s) < 0:
             raise ValueError("max_start_wait_s, max_start_wait_s_no_deadline, settle_s and "
@@ -423,6 +436,7 @@ class _Starting:
     image: str = ""
     seen_bytes: int = 0  # the most resident memory a snapshot showed of it so far
     settled: bool = False  # its first call came (reserve_growth keeps it counted)
+    launched: bool = False  # its runtime's start has run, or settle_s passed (max_launching)
     area: float = 0.0  # its calls' peak x duration so far (learn_from_live)
 
 
@@ -454,6 +468,7 @@ class SandboxAdmission:
         self._queue: dict[str, _Queued] = {}
         self._with_deadline = 0  # queued creates whose caller has a deadline (caller_deadline)
         self._starting: dict[str, _Starting] = {}
+        self._launching = 0  # entries of _starting not yet launched (max_launching)
         self._seq = 0
         # Whether the queue's own order (submission) is oldest first: true while creates come
         # in arrival order; then a step need not sort it.
@@ -563,6 +578,7 @@ class SandboxAdmission:
     def _start(self, sandbox_id: str, pred: BaselinePrediction, now: float, image: str) -> None:
         """A create admitted: its entry (and its share of its image's live figures)."""
         self._starting[sandbox_id] = _Starting(pred, now, image)
+        self._launching += 1
         live = self._live.get(image)
         if live is None:
             live = self._live[image] = _LiveImage()
@@ -575,6 +591,8 @@ class SandboxAdmission:
     def _unstart(self, sandbox_id: str) -> _Starting | None:
         """Forget a started sandbox's entry (and its share of its image's live figures)."""
         start = self._starting.pop(sandbox_id, None)
+        if start is not None and not start.launched:
+            self._launching -= 1
         live = None if start is None else self._live.get(start.image)
         if live is not None:
             live.count -= 1
@@ -619,12 +637,28 @@ class SandboxAdmission:
         start = self._starting.get(sandbox_id)
         if start is None or start.settled:
             return
+        self.launched(sandbox_id)
         took = max(self.clock() - start.admitted_at, 0.0)
         self.start_s = took if self.start_s is None else 0.7 * self.start_s + 0.3 * took
         if self.config.reserve_growth:
             start.settled = True
         else:
             self._unstart(sandbox_id)
+
+    def launched(self, sandbox_id: str) -> None:
+        """The sandbox's runtime `start` has run (or its first call came): it no longer counts
+        toward max_launching."""
+        start = self._starting.get(sandbox_id)
+        if start is not None and not start.launched:
+            start.launched = True
+            self._launching -= 1
+
+    def _launches_over(self, now: float) -> None:
+        """Creates under way longer than settle_s (failed, or their start unseen) stop counting
+        toward max_launching: a lost signal never closes the door."""
+        for sid, s in self._starting.items():
+            if not s.launched and now - s.admitted_at >= self.config.settle_s:
+                self.launched(sid)
 
     def finished(self, sandbox_id: str, image: str, baseline_bytes: int | None,
                  call_peak_bytes: int | None = None, call_load_bytes: int | None = None,
@@ -656,6 +690,9 @@ class SandboxAdmission:
         # per image per step.
         grows_to = ({image: self._grows_to(image) for image in self._per_image}
                     if cfg.learn_from_live else None)
+        cap = cfg.max_launching
+        if cap and self._launching:
+            self._launches_over(now)
         pinned, claimed, arriving, growing, top = self._pinned(snap, now, grows_to)
         # The free swap is shared: what the live sandboxes would push out takes it first (what
         # it cannot take stays resident: pinned), then the arrivals, then the growth to come.
@@ -739,7 +776,7 @@ class SandboxAdmission:
                 verdict, reason = Verdict.ADMITTED, "admitted: sandbox admission is off"
             elif ahead is None and empty:
                 verdict, reason = Verdict.ADMITTED, f"admitted: nothing live; {terms}"
-            elif ahead is None and need <= room:
+            elif ahead is None and need <= room and not (cap and self._launching >= cap):
                 verdict, reason = Verdict.ADMITTED, f"admitted: {terms} <= {within}"
             elif waited >= bound:
                 verdict = Verdict.FAIL_OPEN
@@ -749,8 +786,11 @@ class SandboxAdmission:
                 verdict = Verdict.WAITING
                 if ahead is not None:
                     why = f"behind {ahead}, which came first (first in, first out); {terms}"
-                else:
+                elif need > room:
                     why = f"{terms} > {within}, short {fmt(need - room)}"
+                else:
+                    why = (f"{self._launching} admitted creates not yet started "
+                           f"(max_launching {cap}); {terms} <= {within}")
                 of_max = f" of {bound:g} s" if math.isfinite(bound) else " (no bound)"
                 reason = f"waiting {waited:.1f} s{of_max}: {why}"
             entry.reason = reason
@@ -830,6 +870,8 @@ class SandboxAdmission:
                  "admitted_at": s.admitted_at}
                 for sid, s in self._starting.items() if not s.settled
             ],
+            "launching": self._launching,
+            "max_launching": self.config.max_launching,
             "totals": dict(self._totals),
             "start_s": self.start_s,
             "call_load_bytes": self.call_load(),

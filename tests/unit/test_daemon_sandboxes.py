@@ -564,3 +564,33 @@ def test_learned_baselines_survive_a_restart_and_a_bad_file_is_no_failure(
     pred = Engine(bed.daemon.cfg, bed.engine.settings, bed.clock) \
         .sandboxes.policy.model.predict("cmd:memload")
     assert pred.source == "default", pred
+
+
+def test_a_create_waits_while_max_launching_others_have_not_started(tmp_path: Path) -> None:
+    """Room for both, but one create under way at most: the second goes once the first's
+    record says its runtime's start has run (prepared), not when runc create has."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path, max_launching=1)
+        bed.engine.tick()
+        task_a, conn_a = await bed.start("a")
+        bed.engine.tick()
+        await asyncio.wait_for(task_a, 1)
+        assert conn_a.frames[1]["verdict"] == "admitted"
+        task_b, conn_b = await bed.start("b")
+        [w] = bed.waiting()
+        assert "1 admitted creates not yet started (max_launching 1)" in w["reason"], w
+        cg = bed.sandbox("a", 20 * MiB)  # runc create has run: its record, not yet prepared
+        rec = records.load_container(str(bed.state), "a")
+        records.save_container(str(bed.state), {**rec, "prepared": False, "cgroup": str(cg)})
+        bed.clock.t += WAITING_STEP_S
+        bed.engine.tick()
+        assert not task_b.done() and [w["sandbox_id"] for w in bed.waiting()] == ["b"]
+        records.save_container(str(bed.state), {**rec, "prepared": True, "cgroup": str(cg)})
+        bed.clock.t += WAITING_STEP_S
+        bed.engine.tick()
+        await asyncio.wait_for(task_b, 1)
+        assert conn_b.frames[1]["verdict"] == "admitted" and bed.waiting() == []
+        sa = bed.engine.snapshot()["sandbox_admission"]
+        assert (sa["launching"], sa["max_launching"]) == (1, 1)
+
+    asyncio.run(scenario())

@@ -23,8 +23,9 @@ from execgate.policy.sandbox_admission import (
     high_quantile,
 )
 
+# max_launching 0: memory alone decides here; the bound on creates under way has its own tests.
 CFG = SandboxAdmissionConfig(default_baseline_bytes=256 * MiB, default_call_peak_bytes=256 * MiB,
-                             max_start_wait_s=100.0, settle_s=60.0)
+                             max_start_wait_s=100.0, settle_s=60.0, max_launching=0)
 
 
 class Clock:
@@ -806,3 +807,57 @@ def test_live_sandboxes_share_the_free_swap_they_would_be_pushed_to() -> None:
                                   swap_out_bytes_per_s=100.0 * MiB,
                                   swap_shared_bytes=2 * GiB))
     assert "pinned 0 B" in d.reason
+
+
+def test_at_most_max_launching_creates_are_under_way_until_their_start_has_run() -> None:
+    """Memory has room for all five, but only two at once may be between admission and their
+    runtime's start; the next goes when one has started, or when one is over settle_s."""
+    adm, _ = make(dataclasses.replace(CFG, max_launching=2))
+    for i in range(5):
+        adm.submit(SandboxRequest(f"s{i}", "py"))
+    big = snap(budget=64 * GiB)
+    assert one(adm, big) == {"s0": Verdict.ADMITTED, "s1": Verdict.ADMITTED,
+                             "s2": Verdict.WAITING, "s3": Verdict.WAITING,
+                             "s4": Verdict.WAITING}
+    [w, *_] = adm.snapshot()["waiting"]
+    assert "2 admitted creates not yet started (max_launching 2)" in w["reason"]
+    assert (adm.snapshot()["launching"], adm.snapshot()["max_launching"]) == (2, 2)
+    adm.launched("s0")
+    adm.launched("s0")  # said twice: counted once
+    assert one(adm, big) == {"s2": Verdict.ADMITTED, "s3": Verdict.WAITING,
+                             "s4": Verdict.WAITING}
+    adm.settled("s1")  # its first call came: its start has run too
+    assert one(adm, big) == {"s3": Verdict.ADMITTED, "s4": Verdict.WAITING}
+    adm.cancel("s2")  # its create failed
+    assert one(adm, big) == {"s4": Verdict.ADMITTED}
+    assert adm.snapshot()["launching"] == 2  # s3, s4
+
+
+def test_a_create_never_seen_starting_stops_counting_after_settle_s() -> None:
+    adm, clock = make(dataclasses.replace(CFG, max_launching=1))
+    adm.submit(SandboxRequest("a", "py"))
+    adm.submit(SandboxRequest("b", "py"))
+    big = snap(budget=64 * GiB)
+    assert one(adm, big) == {"a": Verdict.ADMITTED, "b": Verdict.WAITING}
+    clock.t += CFG.settle_s - 1
+    assert one(adm, big) == {"b": Verdict.WAITING}
+    clock.t += 1
+    assert one(adm, big) == {"b": Verdict.ADMITTED}
+
+
+def test_the_bound_on_creates_under_way_yields_to_the_callers_patience() -> None:
+    """A kubelet create held by the bound fails open at max_start_wait_s, as for memory."""
+    adm, clock = make(dataclasses.replace(CFG, max_launching=1, settle_s=1000.0))
+    adm.submit(SandboxRequest("a", "py"))
+    adm.submit(SandboxRequest("b", "py", caller_deadline=True))
+    big = snap(budget=64 * GiB)
+    assert one(adm, big) == {"a": Verdict.ADMITTED, "b": Verdict.WAITING}
+    clock.t += CFG.max_start_wait_s
+    adm.launched("x")  # an unknown sandbox: nothing to do
+    assert one(adm, big) == {"b": Verdict.FAIL_OPEN}
+
+
+def test_the_default_bound_on_creates_under_way_is_a_few() -> None:
+    assert 1 <= SandboxAdmissionConfig().max_launching <= 8
+    with pytest.raises(ValueError, match="max_launching"):
+        SandboxAdmissionConfig(max_launching=-1)
