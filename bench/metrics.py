@@ -62,12 +62,15 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 
 def concurrency_timeline(attempts: Sequence[AttemptRecord]) -> list[tuple[float, int]]:
-    """(t, running attempts) at every change; an attempt ending at t frees its slot before one
-    starting at t takes it, so back-to-back retries don't count twice."""
-    events = sorted(
-        [(a.start, 1) for a in attempts] + [(a.end, -1) for a in attempts],
-        key=lambda e: (e[0], e[1]),
-    )
+    """(t, running attempts) at every change (`overlap_timeline`)."""
+    return overlap_timeline([(a.start, a.end) for a in attempts])
+
+
+def overlap_timeline(spans: Sequence[tuple[float, float]]) -> list[tuple[float, int]]:
+    """(t, spans open) at every change; a span ending at t closes before one starting at t
+    opens, so back-to-back retries don't count twice."""
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans],
+                    key=lambda e: (e[0], e[1]))
     out: list[tuple[float, int]] = []
     n = 0
     for t, d in events:

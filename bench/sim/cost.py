@@ -30,7 +30,7 @@ import bisect
 import gzip
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
@@ -131,27 +131,24 @@ def _no_wait(run: Mapping[str, Any]) -> bool:
     return isinstance(wait, int | float) and wait < 1.0
 
 
-def _call_wait(call: Mapping[str, Any]) -> float | None:
-    """The daemon's share of a call's exec gap (admission wait + growth-gate hold) from its
-    per-call record; None where the run kept none."""
-    d = call.get("daemon") or {}
-    waited, held = d.get("waited_s"), d.get("held_s")
-    if not isinstance(waited, int | float):
+def _call_wait(call: Mapping[str, Any], pure: bool, held: bool = True) -> float | None:
+    """The daemon's share of a successful call's exec gap from its per-call record: its
+    admission wait, and with `held` its growth-gate hold; 0 in a run where nothing waited
+    (`pure`) and none was recorded; None for a failed call or an unknown wait."""
+    if call["exit"] != 0:
         return None
-    return float(waited) + (float(held) if isinstance(held, int | float) else 0.0)
+    d = call.get("daemon") or {}
+    waited, hold = d.get("waited_s"), d.get("held_s")
+    if not isinstance(waited, int | float):
+        return 0.0 if pure else None
+    return float(waited) + (float(hold) if held and isinstance(hold, int | float) else 0.0)
 
 
 def _exec_gap(call: Mapping[str, Any], pure: bool) -> float | None:
     """A successful call's exec overhead: its wall time beyond its trace, less the daemon's
-    waits (0 in a run where nothing waited: `pure`); None for a failed call or an unknown wait."""
-    if call["exit"] != 0:
-        return None
-    wait = _call_wait(call)
-    if wait is None:
-        if not pure:
-            return None
-        wait = 0.0
-    return call["end"] - call["start"] - call["duration_s"] - wait
+    waits (`_call_wait`); None for a failed call or an unknown wait."""
+    wait = _call_wait(call, pure)
+    return None if wait is None else call["end"] - call["start"] - call["duration_s"] - wait
 
 
 def _held_creates(run: Mapping[str, Any]) -> list[tuple[float, float]]:
@@ -213,15 +210,10 @@ def exec_split(results: Mapping[str, Any], runtime: str = "runc") -> tuple[float
             continue
         pure = _no_wait(run)
         for c in run["calls"]:
-            ran = c.get("ran")
-            if c["exit"] != 0 or not isinstance(ran, Mapping):
+            ran, waited = c.get("ran"), _call_wait(c, pure, held=False)
+            if waited is None or not isinstance(ran, Mapping):
                 continue
-            waited = (c.get("daemon") or {}).get("waited_s")
-            if not isinstance(waited, int | float):
-                if not pure:
-                    continue
-                waited = 0.0
-            lead = max(ran["start"] - c["start"] - float(waited), 0.0)
+            lead = max(ran["start"] - c["start"] - waited, 0.0)
             tail = max(c["end"] - ran["end"], 0.0)
             before, total = before + lead, total + lead + tail
     return before, total
@@ -430,21 +422,23 @@ def fit_pooled(files: Sequence[tuple[Mapping[str, Any], Mapping[str, Task]]],
                 out[op] += pts
         return out
 
+    def share(rt: str, split: Callable[[Mapping[str, Any], str], tuple[float, float]],
+              unmeasured: float) -> float:
+        """part / whole of split's (part, whole) summed over the files; unmeasured where none."""
+        part = whole = 0.0
+        for results, _ in files:
+            p, w = split(results, rt)
+            part, whole = part + p, whole + w
+        return part / whole if whole else unmeasured
+
     def during(rt: str) -> float:
         """The runtime's exec_during: the share of its exec overhead stalled on memory."""
-        total = stalled = 0.0
-        for results, _ in files:
-            t, st = stalled_overhead(results, rt)
-            total, stalled = total + t, stalled + st
-        return stalled / total if total else UNMEASURED_EXEC_DURING.get(rt, 0.0)
+        return share(rt, lambda r, rt: stalled_overhead(r, rt)[::-1],
+                     UNMEASURED_EXEC_DURING.get(rt, 0.0))
 
     def before(rt: str) -> float:
         """The runtime's exec_before: the share of its exec overhead before the tool ran."""
-        lead = total = 0.0
-        for results, _ in files:
-            b, t = exec_split(results, rt)
-            lead, total = lead + b, total + t
-        return lead / total if total else UNMEASURED_EXEC_BEFORE
+        return share(rt, exec_split, UNMEASURED_EXEC_BEFORE)
 
     runc_obs = obs("runc")
     others = sorted({_runtime(r) for results, _ in files for r in results["runs"]} - {"runc"})

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.metrics import overlap_timeline
 from execgate.common.units import MiB
 
 SRC = Path(os.environ.get("EXECGATE_SRC") or next(
@@ -52,13 +53,7 @@ def _most_at_peak(calls: list[dict[str, Any]]) -> int:
     """Most calls that held their peaks at once, by memload's own timings (from first at its
     peak to letting go of it): the exec's start and end are seconds off that under load."""
     spans = [(c["ran"]["full"], c["ran"]["left"]) for c in calls if c["ran"]]
-    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans],
-                    key=lambda e: (e[0], e[1]))
-    n = best = 0
-    for _, d in events:
-        n += d
-        best = max(best, n)
-    return best
+    return max((n for _, n in overlap_timeline(spans)), default=0)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,8 @@ from conftest import (
     wait_for,
 )
 
+from execgate.common.units import MiB
+
 EXECGATE = "/usr/local/bin/execgate"
 PARENT = "execgate-direct"
 CYCLES = int(os.environ.get("EXECGATE_LEAK_CYCLES", "50"))
@@ -480,3 +482,51 @@ def test_kill_releases_a_call_the_gate_holds(containers: Containers) -> None:
     # Released by the kill, not at the hold cap (20 s): held well under it in all, and ended
     # before it. How soon the shell then exits is the host's: 10.4 s on a slow one (6 Dec).
     assert entry["held_s"] < 10 and ended_s < 20, entry
+
+
+LAUNCH_SLICE = "eglaunch.slice"
+# Memory has room for both sandboxes; one create may be under way at a time.
+ONE_LAUNCH = ('[sandbox_admission]\ndefault_baseline_bytes = "16m"\n'
+              'default_call_peak_bytes = "16m"\nmax_launching = 1\n')
+
+
+def test_a_create_waits_while_another_is_created_but_not_started(
+        bundle: str, tmp_path: object, containers: Containers) -> None:
+    """[sandbox_admission] max_launching 1: b's runc create waits while a is created but not
+    yet started, and goes on once a's start has run; both then run normally."""
+    root, tmp = str(tmp_path) + "/root", str(tmp_path)
+    names = ("launch-a", "launch-b")
+    with memory_domain(containers, LAUNCH_SLICE, 512 * MiB, 1, ONE_LAUNCH):
+        own = {c: _own_bundle(bundle, tmp, c) for c in names}
+        for c, b in own.items():
+            _edit_spec(b, lambda spec, c=c: spec["linux"].update(
+                cgroupsPath=f"/{LAUNCH_SLICE}/{c}"))
+        try:
+            a, b = names
+            rt(root, "create", "--bundle", own[a], "--pid-file", own[a] + "/pid", a)
+            later = subprocess.Popen([EXECGATE, "--root", root, "create", "--bundle", own[b],
+                                      "--pid-file", own[b] + "/pid", b],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+            [w] = wait_for(lambda: [x for x in daemon_view()["sandbox_admission"]["waiting"]
+                                    if x["sandbox_id"] == b], timeout=60,
+                           what="the second create to wait")
+            print(f"waiting: {w['reason']}")
+            assert "1 admitted creates not yet started (max_launching 1)" in w["reason"], w
+            time.sleep(3)
+            assert later.poll() is None, "the second create went on before the first started"
+            rt(root, "start", a)
+            assert later.wait(timeout=120) == 0
+            rt(root, "start", b)
+            with open(os.path.join(STATE_DIR, "containers", b + ".json")) as f:
+                start = json.load(f)["start"]
+            assert start["verdict"] == "admitted" and start["waited_s"] >= 3, start
+            proc = _process_json(tmp, ["echo", "ok"])
+            for c in names:
+                assert rt(root, "exec", "--process", proc, c).stdout == b"ok\n"
+            sa = wait_for(lambda: (v := daemon_view()["sandbox_admission"])["launching"] == 0
+                          and v, timeout=60, interval=0.5, what="both starts to be seen")
+            assert sa["totals"] == {"admitted": 2, "fail-open": 0}, sa
+        finally:
+            for c in names:
+                _gone(root, c)
