@@ -53,6 +53,26 @@ def scheme_config(run: Mapping[str, Any], w: Mapping[str, Any],
                         scale_daemon=bool(settings.get("scale_daemon", True)))
 
 
+def extra_config(runs: Sequence[Mapping[str, Any]], name: str, w: Mapping[str, Any],
+                 settings: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The config a scheme the VM did not run is simulated with: a recorded run's at its
+    point (one whose scheme edits none first), less that run's own ablation edits, plus the
+    scheme's. (Beside a run of execgate-nolaunchbound, an extra `execgate` kept its
+    max_launching = 0 and was simulated as the ablation.)"""
+    scheme = sim_schemes.parse(name)[0]
+    recorded = sorted((r for r in runs if r.get("config")),
+                      key=lambda r: bool(sim_schemes.parse(r["scheme"])[0].daemon_tables))
+    if not recorded:
+        return scheme_config({"scheme": name}, w, settings)
+    cfg: dict[str, Any] = json.loads(json.dumps(recorded[0]["config"]))
+    for table, values in sim_schemes.parse(recorded[0]["scheme"])[0].daemon_tables.items():
+        for key in values:  # back to the defaults the run's scheme changed
+            cfg.get(table, {}).pop(key, None)
+    for table, values in scheme.daemon_tables.items():  # the scheme's own edits
+        cfg.setdefault(table, {}).update(values)
+    return cfg
+
+
 # The VM's zram under single-threaded TCG (README, "Where real tests run"): compression is
 # emulated, ~5 MB/s out and ~27 MB/s back in.
 VM_SWAP_OUT_BPS = 5 * MiB
@@ -152,11 +172,8 @@ def validate(path: str | Path, tick_s: float = 0.1, extra: Sequence[str] = (),
     for name in extra:
         scheme = sim_schemes.parse(name)[0]
         for i, point in enumerate(results["points"]):
-            eg = [r for r in results["runs"] if r["point"] == i and r.get("config")]
-            cfg = json.loads(json.dumps(eg[0]["config"])) if eg else scheme_config(
-                {"scheme": name}, params["workload"], params.get("settings") or {})
-            for table, values in scheme.daemon_tables.items():  # the ablation's own edits
-                cfg.setdefault(table, {}).update(values)
+            cfg = extra_config([r for r in results["runs"] if r["point"] == i], name,
+                               params["workload"], params.get("settings") or {})
             n = point["n_tasks"]
             mem = memory_of(results, {"scheme": name}, point, swap_out_bps, swap_in_bps)
             sim = simulate(scheme, tasks[:n], point["arrivals_wall_s"], point["budget_bytes"],

@@ -363,3 +363,20 @@ def test_a_finished_sandbox_teaches_its_init_and_what_its_calls_left() -> None:
     model = sim.hands.sandboxes.model
     assert model.mean_baseline("bench") == 55 * MiB  # what they grow to
     assert model.predict("bench").baseline_bytes == 30 * MiB  # what a new one arrives with
+
+
+def test_a_scheme_the_vm_did_not_run_drops_the_recorded_runs_ablation() -> None:
+    """Beside a run of execgate-nolaunchbound, an extra `execgate` kept max_launching = 0 and
+    was simulated as that ablation; it now starts from the defaults the run's scheme changed,
+    and prefers a run whose scheme changed none."""
+    from bench.sim.validate import extra_config
+
+    ablated = {"scheme": "execgate-nolaunchbound",
+               "config": {"sandbox_admission": {"max_launching": 0, "settle_s": 30.0}}}
+    cfg = extra_config([ablated], "execgate", {}, {})
+    assert cfg == {"sandbox_admission": {"settle_s": 30.0}}
+    cfg = extra_config([ablated], "execgate-nogrowth", {}, {})
+    assert cfg == {"sandbox_admission": {"settle_s": 30.0}, "daemon": {"gate": "off"}}
+    plain = {"scheme": "execgate", "config": {"sandbox_admission": {"settle_s": 20.0}}}
+    cfg = extra_config([ablated, plain], "execgate-nolaunchbound", {}, {})
+    assert cfg == {"sandbox_admission": {"settle_s": 20.0, "max_launching": 0}}
