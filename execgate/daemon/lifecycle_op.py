@@ -40,9 +40,13 @@ class LifecycleOp:
     def __init__(self, cfg: Callable[[], Config],
                  sandbox_wait: Callable[[dict[str, Any], Conn], Awaitable[Any | None]],
                  release: Callable[[str], int],
-                 publish: Callable[..., None] | None = None) -> None:
+                 publish: Callable[..., None] | None = None,
+                 create_failed: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg  # the daemon's current config
         self.sandbox_wait = sandbox_wait  # a create's sandbox admission (daemon/main.py)
+        # An admitted create whose runc create failed: sandbox admission forgets it at once
+        # (it would hold one of max_launching's places until settle_s).
+        self.create_failed = create_failed
         self.release = release  # the growth gate lets a stopping container's calls go
         self.publish = publish  # the event bus: each op's time, ours and runc's
         self.done = {"create": 0, "start": 0, "kill": 0, "delete": 0}  # for status
@@ -108,6 +112,8 @@ class LifecycleOp:
         if status == 0:
             await asyncio.to_thread(sandbox.created, cfg.state_dir, cid, spec, spec_error,
                                     pid_file, start, log)
+        elif status is not None and start is not None and self.create_failed is not None:
+            self.create_failed(cid)
         if status is None:
             return None
         self._done("create", cid, t)

@@ -157,7 +157,7 @@ class Daemon:
         self.exec = ExecOp(lambda: self.cfg, engine, self.converse)  # the compiled front's
         # ... and the runc calls of a container's life
         self.lifecycle = LifecycleOp(lambda: self.cfg, self.sandbox_wait, self.release,
-                                     engine.events.publish)
+                                     engine.events.publish, engine.sandboxes.create_failed)
         self.handlers = {"ping": self.op_ping, "status": self.op_status, "admit": self.op_admit,
                          "done": self.op_done, "events": self.op_events,
                          "start_sandbox": self.op_start_sandbox, "release": self.op_release,

@@ -156,7 +156,7 @@ class Sandboxes:
         self.waiting: dict[str, tuple[dict[str, Any], asyncio.Future[SandboxDecision]]] = {}
         self.scanned_at = -math.inf
         self.decide = WaitingStep()  # while creates wait: measured and decided when due
-        self.stats = {"outside_domain": 0, "cancelled": 0}
+        self.stats = {"outside_domain": 0, "cancelled": 0, "create_failed": 0}
         # Sandboxes whose first call came before a rescan found their record (an agent's exec
         # right after its create): their Box is born having been called.
         self._called_early: set[str] = set()
@@ -219,6 +219,12 @@ class Sandboxes:
             self.policy.cancel(sid)
             self.stats["cancelled"] += 1
             self.events.publish("cancelled", of="sandbox", sandbox=sid)
+
+    def create_failed(self, sid: str) -> None:
+        """runc create of an admitted sandbox failed: nothing of it will start."""
+        if self.policy.cancel(sid):
+            self.stats["create_failed"] += 1
+            self.events.publish("create-failed", of="sandbox", sandbox=sid)
 
     def call_arrived(self, cid: str | None) -> None:
         """A tool call came in this sandbox: it has reached its baseline (`settled`)."""

@@ -138,6 +138,9 @@ def test_create_is_admitted_then_recorded_once_runc_created_it(
                 assert (await peer.recv())["run"] == "child"
                 assert (await peer.ask({"v": 1, "status": status}))["ok"] is True
                 await peer.close()
+                # A failed create holds no place among the creates under way.
+                sa = d.engine.snapshot()["sandbox_admission"]
+                assert (sa["launching"], sa["create_failed"]) == (status == 0, 1), sa
             assert records.load_container(state, "failed") is None
             rec = records.load_container(state, "new")
             assert rec is not None and rec["managed"] is True and rec["init_pid"] == 4242
