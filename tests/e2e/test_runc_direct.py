@@ -493,17 +493,24 @@ ONE_LAUNCH = ('[sandbox_admission]\ndefault_baseline_bytes = "16m"\n'
 def test_a_create_waits_while_another_is_created_but_not_started(
         bundle: str, tmp_path: object, containers: Containers) -> None:
     """[sandbox_admission] max_launching 1: b's runc create waits while a is created but not
-    yet started, and goes on once a's start has run; both then run normally."""
+    yet started, and goes on once a's start has run; both then run normally. A create whose
+    runc create fails holds no place: the next goes on at once, not after settle_s."""
     root, tmp = str(tmp_path) + "/root", str(tmp_path)
     names = ("launch-a", "launch-b")
     with memory_domain(containers, LAUNCH_SLICE, 512 * MiB, 1, ONE_LAUNCH):
-        own = {c: _own_bundle(bundle, tmp, c) for c in names}
+        own = {c: _own_bundle(bundle, tmp, c) for c in (*names, "launch-bad")}
         for c, b in own.items():
             _edit_spec(b, lambda spec, c=c: spec["linux"].update(
                 cgroupsPath=f"/{LAUNCH_SLICE}/{c}"))
+        _edit_spec(own["launch-bad"], lambda spec: spec["root"].update(path="/nonexistent"))
         try:
+            bad = rt(root, "create", "--bundle", own["launch-bad"], "launch-bad", check=False)
+            assert bad.returncode != 0
+            assert daemon_view()["sandbox_admission"]["create_failed"] == 1
             a, b = names
+            t0 = time.monotonic()
             rt(root, "create", "--bundle", own[a], "--pid-file", own[a] + "/pid", a)
+            assert time.monotonic() - t0 < 30  # not behind the failed create (settle_s 60)
             later = subprocess.Popen([EXECGATE, "--root", root, "create", "--bundle", own[b],
                                       "--pid-file", own[b] + "/pid", b],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -526,7 +533,7 @@ def test_a_create_waits_while_another_is_created_but_not_started(
                 assert rt(root, "exec", "--process", proc, c).stdout == b"ok\n"
             sa = wait_for(lambda: (v := daemon_view()["sandbox_admission"])["launching"] == 0
                           and v, timeout=60, interval=0.5, what="both starts to be seen")
-            assert sa["totals"] == {"admitted": 2, "fail-open": 0}, sa
+            assert sa["totals"] == {"admitted": 3, "fail-open": 0}, sa  # the failed one too
         finally:
-            for c in names:
+            for c in (*names, "launch-bad"):
                 _gone(root, c)
