@@ -56,12 +56,15 @@ def scheme_config(run: Mapping[str, Any], w: Mapping[str, Any],
 def extra_config(runs: Sequence[Mapping[str, Any]], name: str, w: Mapping[str, Any],
                  settings: Mapping[str, Any]) -> dict[str, Any] | None:
     """The config a scheme the VM did not run is simulated with: a recorded run's at its
-    point (one whose scheme edits none first), less that run's own ablation edits, plus the
-    scheme's. (Beside a run of execgate-nolaunchbound, an extra `execgate` kept its
-    max_launching = 0 and was simulated as the ablation.)"""
+    point (one whose scheme runs the daemon and edits none first), less that run's own
+    ablation edits, plus the scheme's. (Beside a run of execgate-nolaunchbound, an extra
+    `execgate` kept its max_launching = 0 and was simulated as the ablation.)"""
     scheme = sim_schemes.parse(name)[0]
-    recorded = sorted((r for r in runs if r.get("config")),
-                      key=lambda r: bool(sim_schemes.parse(r["scheme"])[0].daemon_tables))
+    def edits(run: Mapping[str, Any]) -> tuple[bool, bool]:  # (edits tables, no daemon)
+        s = sim_schemes.parse(run["scheme"])[0]
+        return bool(s.daemon_tables), not s.daemon
+
+    recorded = sorted((r for r in runs if r.get("config")), key=edits)
     if not recorded:
         return scheme_config({"scheme": name}, w, settings)
     cfg: dict[str, Any] = json.loads(json.dumps(recorded[0]["config"]))

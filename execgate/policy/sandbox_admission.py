@@ -665,8 +665,9 @@ class SandboxAdmission:
                  start_bytes: int | None = None) -> None:
         """The sandbox was removed; learn its image's baseline (None: not measured), call
         load (its calls' peak x duration summed, over its life; None: not measured) and start
-        (what it held before its first call; None: not measured)."""
-        self._dequeue(sandbox_id)
+        (what it held before its first call; None: not measured). A create of the same id
+        queued meanwhile (a restart: its record went and it asked again before a rescan saw
+        that) is a new life and stays queued."""
         if baseline_bytes is not None:  # first: the image's live figures go with its history
             self.model.observe(image, baseline_bytes, call_peak_bytes, call_load_bytes,
                                start_bytes)
@@ -780,8 +781,10 @@ class SandboxAdmission:
                 verdict, reason = Verdict.ADMITTED, f"admitted: {terms} <= {within}"
             elif waited >= bound:
                 verdict = Verdict.FAIL_OPEN
+                held = (f"; {self._launching} admitted creates not yet started (max_launching "
+                        f"{cap})" if need <= room and cap and self._launching >= cap else "")
                 reason = (f"fail open: waited {waited:.1f} s >= {cfg.bound_name(caller)} "
-                          f"{bound:g} s; {terms} vs {within}")
+                          f"{bound:g} s; {terms} vs {within}{held}")
             else:
                 verdict = Verdict.WAITING
                 if ahead is not None:

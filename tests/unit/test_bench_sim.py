@@ -380,3 +380,5 @@ def test_a_scheme_the_vm_did_not_run_drops_the_recorded_runs_ablation() -> None:
     plain = {"scheme": "execgate", "config": {"sandbox_admission": {"settle_s": 20.0}}}
     cfg = extra_config([ablated, plain], "execgate-nolaunchbound", {}, {})
     assert cfg == {"sandbox_admission": {"settle_s": 20.0, "max_launching": 0}}
+    no_daemon = {"scheme": "execgate-noadmit", "config": {"memory_high_from_hint": False}}
+    assert extra_config([no_daemon, plain], "execgate", {}, {}) == plain["config"]

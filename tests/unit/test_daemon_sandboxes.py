@@ -22,7 +22,7 @@ from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine, LiveCall
 from execgate.daemon.main import Daemon, _start_sandbox_error
-from execgate.daemon.sandboxes import WAITING_STEP_S, cgroup_dir, within
+from execgate.daemon.sandboxes import RESCAN_S, WAITING_STEP_S, cgroup_dir, within
 from execgate.oci.bundle import Bundle
 from execgate.policy.estimate import CallInfo
 from execgate.runtime import start_admit
@@ -592,5 +592,25 @@ def test_a_create_waits_while_max_launching_others_have_not_started(tmp_path: Pa
         assert conn_b.frames[1]["verdict"] == "admitted" and bed.waiting() == []
         sa = bed.engine.snapshot()["sandbox_admission"]
         assert (sa["launching"], sa["max_launching"]) == (1, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_container_recreated_before_a_rescan_is_still_decided(tmp_path: Path) -> None:
+    """docker restart: its record goes and the same id asks again before the daemon has seen
+    the old one go; learning from the old life dropped the new create, which then waited
+    forever (Docker's creates have no bound)."""
+    async def scenario() -> None:
+        bed = Bed(tmp_path)
+        bed.sandbox("x", 20 * MiB)
+        bed.engine.tick()
+        bed.clock.t += RESCAN_S
+        bed.engine.tick()  # x is live
+        bed.remove("x")
+        task, conn = await bed.start("x")
+        bed.clock.t += WAITING_STEP_S
+        bed.engine.tick()
+        await asyncio.wait_for(task, 1)
+        assert conn.frames[1]["verdict"] == "admitted" and bed.waiting() == []
 
     asyncio.run(scenario())

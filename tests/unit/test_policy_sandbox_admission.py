@@ -834,11 +834,13 @@ def test_at_most_max_launching_creates_are_under_way_until_their_start_has_run()
 
 
 def test_a_create_never_seen_starting_stops_counting_after_settle_s() -> None:
+    """Its record came (it is live in the snapshot) but no start was seen: after settle_s it
+    no longer holds the place."""
     adm, clock = make(dataclasses.replace(CFG, max_launching=1))
     adm.submit(SandboxRequest("a", "py"))
     adm.submit(SandboxRequest("b", "py"))
-    big = snap(budget=64 * GiB)
-    assert one(adm, big) == {"a": Verdict.ADMITTED, "b": Verdict.WAITING}
+    assert one(adm, snap(budget=64 * GiB)) == {"a": Verdict.ADMITTED, "b": Verdict.WAITING}
+    big = snap(active("a", 8 * MiB), budget=64 * GiB)
     clock.t += CFG.settle_s - 1
     assert one(adm, big) == {"b": Verdict.WAITING}
     clock.t += 1
@@ -854,7 +856,20 @@ def test_the_bound_on_creates_under_way_yields_to_the_callers_patience() -> None
     assert one(adm, big) == {"a": Verdict.ADMITTED, "b": Verdict.WAITING}
     clock.t += CFG.max_start_wait_s
     adm.launched("x")  # an unknown sandbox: nothing to do
-    assert one(adm, big) == {"b": Verdict.FAIL_OPEN}
+    [d] = adm.step(big)
+    assert d.verdict is Verdict.FAIL_OPEN and "(max_launching 1)" in d.reason, d.reason
+
+
+def test_a_restarted_sandboxs_new_create_stays_queued_when_its_old_life_finishes() -> None:
+    """docker restart: the record goes and the same id asks again before the daemon's rescan
+    sees the old one gone; learning from the old life must not drop the new create."""
+    adm, _ = make()
+    adm.submit(SandboxRequest("x", "py"))
+    assert one(adm, snap()) == {"x": Verdict.ADMITTED}
+    adm.cancel("x")  # what the daemon does when the same id asks again
+    adm.submit(SandboxRequest("x", "py"))
+    adm.finished("x", "py", 64 * MiB)
+    assert one(adm, snap()) == {"x": Verdict.ADMITTED}
 
 
 def test_the_default_bound_on_creates_under_way_is_a_few() -> None:
