@@ -436,7 +436,6 @@ class _Starting:
     image: str = ""
     seen_bytes: int = 0  # the most resident memory a snapshot showed of it so far
     settled: bool = False  # its first call came (reserve_growth keeps it counted)
-    launched: bool = False  # its runtime's start has run, or settle_s passed (max_launching)
     area: float = 0.0  # its calls' peak x duration so far (learn_from_live)
 
 
@@ -468,7 +467,9 @@ class SandboxAdmission:
         self._queue: dict[str, _Queued] = {}
         self._with_deadline = 0  # queued creates whose caller has a deadline (caller_deadline)
         self._starting: dict[str, _Starting] = {}
-        self._launching = 0  # entries of _starting not yet launched (max_launching)
+        # Admitted creates whose runtime's start has not yet run, with their admission times
+        # (max_launching): the ones _launches_over looks at, not every live sandbox.
+        self._launching: dict[str, float] = {}
         self._seq = 0
         # Whether the queue's own order (submission) is oldest first: true while creates come
         # in arrival order; then a step need not sort it.
@@ -578,7 +579,7 @@ class SandboxAdmission:
     def _start(self, sandbox_id: str, pred: BaselinePrediction, now: float, image: str) -> None:
         """A create admitted: its entry (and its share of its image's live figures)."""
         self._starting[sandbox_id] = _Starting(pred, now, image)
-        self._launching += 1
+        self._launching[sandbox_id] = now
         live = self._live.get(image)
         if live is None:
             live = self._live[image] = _LiveImage()
@@ -591,8 +592,7 @@ class SandboxAdmission:
     def _unstart(self, sandbox_id: str) -> _Starting | None:
         """Forget a started sandbox's entry (and its share of its image's live figures)."""
         start = self._starting.pop(sandbox_id, None)
-        if start is not None and not start.launched:
-            self._launching -= 1
+        self._launching.pop(sandbox_id, None)
         live = None if start is None else self._live.get(start.image)
         if live is not None:
             live.count -= 1
@@ -648,16 +648,13 @@ class SandboxAdmission:
     def launched(self, sandbox_id: str) -> None:
         """The sandbox's runtime `start` has run (or its first call came): it no longer counts
         toward max_launching."""
-        start = self._starting.get(sandbox_id)
-        if start is not None and not start.launched:
-            start.launched = True
-            self._launching -= 1
+        self._launching.pop(sandbox_id, None)
 
     def _launches_over(self, now: float) -> None:
         """Creates under way longer than settle_s (failed, or their start unseen) stop counting
         toward max_launching: a lost signal never closes the door."""
-        for sid, s in self._starting.items():
-            if not s.launched and now - s.admitted_at >= self.config.settle_s:
+        for sid, at in list(self._launching.items()):
+            if now - at >= self.config.settle_s:
                 self.launched(sid)
 
     def finished(self, sandbox_id: str, image: str, baseline_bytes: int | None,
@@ -694,6 +691,10 @@ class SandboxAdmission:
         cap = cfg.max_launching
         if cap and self._launching:
             self._launches_over(now)
+
+        def launches_full() -> bool:  # creates started in this step count too
+            return bool(cap) and len(self._launching) >= cap
+
         pinned, claimed, arriving, growing, top = self._pinned(snap, now, grows_to)
         # The free swap is shared: what the live sandboxes would push out takes it first (what
         # it cannot take stays resident: pinned), then the arrivals, then the growth to come.
@@ -777,12 +778,12 @@ class SandboxAdmission:
                 verdict, reason = Verdict.ADMITTED, "admitted: sandbox admission is off"
             elif ahead is None and empty:
                 verdict, reason = Verdict.ADMITTED, f"admitted: nothing live; {terms}"
-            elif ahead is None and need <= room and not (cap and self._launching >= cap):
+            elif ahead is None and need <= room and not launches_full():
                 verdict, reason = Verdict.ADMITTED, f"admitted: {terms} <= {within}"
             elif waited >= bound:
                 verdict = Verdict.FAIL_OPEN
-                held = (f"; {self._launching} admitted creates not yet started (max_launching "
-                        f"{cap})" if need <= room and cap and self._launching >= cap else "")
+                held = (f"; {len(self._launching)} admitted creates not yet started "
+                        f"(max_launching {cap})" if need <= room and launches_full() else "")
                 reason = (f"fail open: waited {waited:.1f} s >= {cfg.bound_name(caller)} "
                           f"{bound:g} s; {terms} vs {within}{held}")
             else:
@@ -792,7 +793,7 @@ class SandboxAdmission:
                 elif need > room:
                     why = f"{terms} > {within}, short {fmt(need - room)}"
                 else:
-                    why = (f"{self._launching} admitted creates not yet started "
+                    why = (f"{len(self._launching)} admitted creates not yet started "
                            f"(max_launching {cap}); {terms} <= {within}")
                 of_max = f" of {bound:g} s" if math.isfinite(bound) else " (no bound)"
                 reason = f"waiting {waited:.1f} s{of_max}: {why}"
@@ -873,7 +874,7 @@ class SandboxAdmission:
                  "admitted_at": s.admitted_at}
                 for sid, s in self._starting.items() if not s.settled
             ],
-            "launching": self._launching,
+            "launching": len(self._launching),
             "max_launching": self.config.max_launching,
             "totals": dict(self._totals),
             "start_s": self.start_s,
