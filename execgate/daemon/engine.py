@@ -187,7 +187,7 @@ class Engine:
                                    settings.daemon.oom_record, clock)
         self.pending: dict[str, tuple[dict[str, Any], asyncio.Future[Decision]]] = {}
         self.residency = Residency(settings.residency, settings.pressure, cfg.state_dir,
-                                   settings.inside.default, self.events, clock)
+                                   settings.inside.default, self.events, clock, self.files)
         # Creates waiting for room (policy/sandbox_admission.py), and the domain's sandboxes.
         domain = None if settings.daemon.domain == "host" else settings.daemon.domain
         self.sandboxes = Sandboxes(settings.sandboxes, self.residency, cfg.state_dir, domain,

@@ -33,6 +33,7 @@ from execgate.policy.pressure_state import Pressure
 from execgate.policy.residency import Action, ResidencyConfig, SandboxView, idle_enough, plan
 
 from . import thread_cpu
+from .cgfiles import KeptFiles
 from .events import EventBus
 from .looks import LOOK_S, Looks
 
@@ -71,11 +72,11 @@ class Box:
 CPU_WINDOW_S = 1.0
 
 
-def cpu_since(cg: str, last: tuple[float, int] | None, now: float
+def cpu_since(files: KeptFiles, cg: str, last: tuple[float, int] | None, now: float
               ) -> tuple[int, float | None] | None:
     """cg's cpu.stat usage_usec now, and its CPU share since `last` (when, usage_usec); None
     when the file says nothing."""
-    usec = v2.read_keyed(cg, "cpu.stat").get("usage_usec")
+    usec = files.read_key(cg, "cpu.stat", "usage_usec")
     if usec is None:
         return None
     rate = None if last is None else (usec - last[1]) / 1e6 / max(now - last[0], 1e-9)
@@ -85,8 +86,12 @@ def cpu_since(cg: str, last: tuple[float, int] | None, now: float
 class Residency:
     def __init__(self, cfg: ResidencyConfig, pressure: PressureConfig, state_dir: str,
                  inside_default: bool, events: EventBus,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 files: KeptFiles | None = None) -> None:
         self.cfg = cfg
+        # the sandboxes' cgroup files, read every second or period: descriptors kept open
+        # (cgfiles.py); the engine's, so that one bound covers every descriptor the daemon keeps
+        self.files = KeptFiles() if files is None else files
         self.pressure = pressure
         self.index = records.ContainerIndex(state_dir)
         self.inside_default = inside_default
@@ -105,7 +110,7 @@ class Residency:
         self.room = 0  # bytes admission asked for (make_room) ...
         self.room_at = float("-inf")  # ... when
         self.swap_out_rate: float | None = None  # bytes/s reclaims achieved (moving average)
-        self.looks = Looks(clock)  # the sandboxes' memory files, read at most once a second
+        self.looks = Looks(clock, files=self.files)  # memory files, read at most once a second
         self._meminfo_at: tuple[float, dict[str, int]] = (-math.inf, {})  # when, what it said
         self._kept = (-math.inf, 0.0)  # swap_kept: when, what
 
@@ -197,7 +202,7 @@ class Residency:
         last = box.init_cpu
         if last is not None and now - last[0] < CPU_WINDOW_S:
             return last[2] is True
-        seen = cpu_since(init, None if last is None else last[:2], now)
+        seen = cpu_since(self.files, init, None if last is None else last[:2], now)
         if seen is None:
             return False
         usec, rate = seen
@@ -327,7 +332,8 @@ class Residency:
             elif box.active:  # its call has ended since the last period: the action boundary
                 box.active, box.ended = False, True
             if box.frozen:  # the runtime thaws by itself when failing open, or on kill
-                box.frozen = v2.read_int(container.init_leaf(box.cgroup), "cgroup.freeze") == 1
+                box.frozen = self.files.read_int(container.init_leaf(box.cgroup),
+                                                 "cgroup.freeze") == 1
             idle = None if box.cid in active else now - box.last_active
             eligible = idle_enough(self.cfg, idle, box.ended, room > 0)
             if eligible and not self._quiet(box, now):
@@ -353,7 +359,7 @@ class Residency:
         if box.frozen:
             return True
         if box.cpu is None or now - box.cpu[0] >= CPU_WINDOW_S:
-            seen = cpu_since(box.cgroup, box.cpu, now)
+            seen = cpu_since(self.files, box.cgroup, box.cpu, now)
             if seen is None:
                 return True  # nothing to tell by: idle by calls alone
             usec, rate = seen
@@ -454,7 +460,9 @@ class Residency:
                                       self.activity.get(cid, max(self.started, created)),
                                       active=cid in self.activity)
         for cid in set(self.boxes) - seen:
-            del self.boxes[cid]
+            cg = self.boxes.pop(cid).cgroup
+            self.files.forget(cg)
+            self.files.forget(container.init_leaf(cg))
         self.looks.keep_only({cg for b in self.boxes.values()
                               for cg in (b.cgroup, container.init_leaf(b.cgroup))})
         for cid in set(self.activity) - seen:

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from execgate.cgroups import v2
 
+from .cgfiles import KeptFiles
+
 LOOK_S = 1.0  # a sandbox's files are read again once their last look is this old
+# Limits (memory.swap.max) change when someone writes them, not when memory moves: read again
+# this often, and kept across `forget`. Reading two per sandbox every second was a tenth of
+# residency's CPU at the 15x burst.
+LIMIT_LOOK_S = 30.0
+LIMITS = frozenset({"memory.swap.max"})
 
 
 @dataclass
@@ -28,9 +35,14 @@ class _Look:
 
 
 class Looks:
-    def __init__(self, clock: Callable[[], float], ttl_s: float = LOOK_S) -> None:
+    """files: where the reads go (descriptors kept open: a pread, not an open, a read and a
+    close; the engine's, so one bound covers every descriptor the daemon keeps)."""
+
+    def __init__(self, clock: Callable[[], float], ttl_s: float = LOOK_S,
+                 files: KeptFiles | None = None) -> None:
         self.clock = clock
         self.ttl_s = ttl_s
+        self.files = KeptFiles() if files is None else files
         # cgroup -> name -> (when, content or None, the content parsed as flat keys, once)
         self._seen: dict[str, dict[str, _Look]] = {}
 
@@ -38,13 +50,11 @@ class Looks:
         now = self.clock()
         files = self._seen.setdefault(cg, {})
         seen = files.get(name)
-        if seen is not None and now - seen.at < self.ttl_s:
+        ttl = LIMIT_LOOK_S if name in LIMITS else self.ttl_s
+        if seen is not None and now - seen.at < ttl:
             return seen
-        try:
-            text: str | None = v2.read(cg, name)
-        except OSError:
-            text = None
-        look = files[name] = _Look(now, text)
+        data = self.files.read(cg, name)
+        look = files[name] = _Look(now, None if data is None else data.decode(errors="replace"))
         return look
 
     def text(self, cg: str, name: str) -> str | None:
@@ -66,11 +76,17 @@ class Looks:
         return look.keyed
 
     def forget(self, *cgroups: str) -> None:
-        """Read these cgroups' files afresh at the next ask (their memory has just changed)."""
+        """Read these cgroups' memory files afresh at the next ask (their memory has just
+        changed); their limits stay."""
         for cg in cgroups:
-            self._seen.pop(cg, None)
+            files = self._seen.get(cg)
+            if files:
+                for name in set(files) - LIMITS:
+                    del files[name]
 
     def keep_only(self, cgroups: set[str]) -> None:
-        """Drop what was seen of cgroups no longer asked about (removed sandboxes)."""
+        """Drop what was seen of cgroups no longer asked about (removed sandboxes), and close
+        their descriptors."""
         for cg in set(self._seen) - cgroups:
             del self._seen[cg]
+            self.files.forget(cg)

@@ -192,6 +192,47 @@ def test_make_room_reclaims_idle_sandboxes_while_green_and_says_what_they_can_gi
     assert (c / "memory.reclaim").read_text() == ""
 
 
+def test_a_sandboxs_swap_limit_is_read_every_30_s_not_every_look(
+        tmp_path: Path, monkeypatch: object) -> None:
+    """memory.swap.max changes when someone writes it, not when memory moves: read twice a
+    second per sandbox, it was a tenth of residency's CPU at the 15x burst (VM profile). A
+    call's start makes its memory files be read afresh, not its limits. A sandbox gone: its
+    kept descriptors are closed."""
+    from execgate.daemon import idle_sandboxes
+    from execgate.daemon.looks import LIMIT_LOOK_S
+
+    monkeypatch.setattr(idle_sandboxes.meminfo, "read", lambda: {"SwapFree": 1 << 30})
+    clock = Clock()
+    a = sandbox(tmp_path, "a")
+    (a / "memory.stat").write_text(f"anon {150 * MiB}\nfile {50 * MiB}\n")
+    (a / "init" / "memory.swap.max").write_text(f"{100 * MiB}\n")
+    res, _ = residency(tmp_path, clock, idle_after_s=600.0)
+    reads: list[str] = []
+    real_read = res.files.read
+
+    def counted(cg: str, name: str, absent_for_good: bool = False) -> bytes | None:
+        reads.append(name)
+        return real_read(cg, name, absent_for_good)
+
+    monkeypatch.setattr(res.files, "read", counted)
+    assert res.pushable() == 150 * MiB  # file 50 + anon within swap.max 100
+    for _ in range(5):
+        clock.t += 1.5
+        res.touch("a")
+        res.touch("a")  # a call ran and ended: memory read afresh
+        assert res.pushable() == 150 * MiB
+    assert reads.count("memory.stat") == 6
+    assert reads.count("memory.swap.max") == 2  # the sandbox's own and its init's, once
+    (a / "init" / "memory.swap.max").write_text(f"{10 * MiB}\n")
+    clock.t += LIMIT_LOOK_S
+    assert res.pushable() == 60 * MiB and reads.count("memory.swap.max") == 4
+    assert len(res.files) > 0
+    records.remove_container(str(tmp_path / "state"), "a")
+    clock.t += 10
+    res.pushable()  # its record gone: forgotten, and its descriptors closed
+    assert res.boxes == {} and len(res.files) == 0
+
+
 def test_busy_sandboxes_are_never_idle_and_yellow_does_not_freeze(tmp_path: Path) -> None:
     clock = Clock()
     a = sandbox(tmp_path, "a")
@@ -329,23 +370,22 @@ def test_an_idle_sandboxs_memory_stat_is_read_once_a_second_however_often_it_is_
     (idle room, sandbox admission, residency), each a memory.stat read: under TCG 148 s of an
     869-second run's daemon CPU. Once a second is enough for an idle sandbox; a call starting
     in it, or its reclaim, makes the next ask read afresh."""
-    from execgate.cgroups import v2
     from execgate.daemon import idle_sandboxes
 
     monkeypatch.setattr(idle_sandboxes.meminfo, "read", lambda: {"SwapFree": 1 << 30})
     reads: list[str] = []
-    real_read = v2.read
-
-    def counted(cg: str, name: str) -> str:
-        if name == "memory.stat":
-            reads.append(cg)
-        return real_read(cg, name)
-
-    monkeypatch.setattr(v2, "read", counted)
     clock = Clock()
     cg = sandbox(tmp_path, "a")
     (cg / "memory.stat").write_text(f"anon {100 * MiB}\nfile {10 * MiB}\n")
     res, _ = residency(tmp_path, clock, idle_after_s=600.0, keep_bytes=0)
+    real_read = res.files.read
+
+    def counted(cg: str, name: str, absent_for_good: bool = False) -> bytes | None:
+        if name == "memory.stat":
+            reads.append(cg)
+        return real_read(cg, name, absent_for_good)
+
+    monkeypatch.setattr(res.files, "read", counted)
     step(res, BUDGET)
     for _ in range(10):  # ten periods of 100 ms, three asks each
         clock.t += 0.1
