@@ -650,6 +650,14 @@ class SandboxAdmission:
         toward max_launching."""
         self._launching.pop(sandbox_id, None)
 
+    def launches_full(self) -> bool:
+        """Whether max_launching admitted creates are under way: none can start now but by its
+        wait's bound, whatever the memory. Creates under way past settle_s stop counting."""
+        cap = self.config.max_launching
+        if cap and self._launching:
+            self._launches_over(self.clock())
+        return bool(cap) and len(self._launching) >= cap
+
     def _launches_over(self, now: float) -> None:
         """Creates under way longer than settle_s (failed, or their start unseen) stop counting
         toward max_launching: a lost signal never closes the door."""
@@ -689,8 +697,7 @@ class SandboxAdmission:
         grows_to = ({image: self._grows_to(image) for image in self._per_image}
                     if cfg.learn_from_live else None)
         cap = cfg.max_launching
-        if cap and self._launching:
-            self._launches_over(now)
+        self.launches_full()  # the creates under way past settle_s stop counting
 
         def launches_full() -> bool:  # creates started in this step count too
             return bool(cap) and len(self._launching) >= cap

@@ -839,12 +839,16 @@ def test_a_create_never_seen_starting_stops_counting_after_settle_s() -> None:
     adm, clock = make(dataclasses.replace(CFG, max_launching=1))
     adm.submit(SandboxRequest("a", "py"))
     adm.submit(SandboxRequest("b", "py"))
+    assert not adm.launches_full()
     assert one(adm, snap(budget=64 * GiB)) == {"a": Verdict.ADMITTED, "b": Verdict.WAITING}
     big = snap(active("a", 8 * MiB), budget=64 * GiB)
     clock.t += CFG.settle_s - 1
+    assert adm.launches_full()  # the daemon does not measure for a step that cannot start any
     assert one(adm, big) == {"b": Verdict.WAITING}
     clock.t += 1
+    assert not adm.launches_full()
     assert one(adm, big) == {"b": Verdict.ADMITTED}
+    assert not make(dataclasses.replace(CFG, max_launching=0))[0].launches_full()  # no bound
 
 
 def test_the_bound_on_creates_under_way_yields_to_the_callers_patience() -> None:
