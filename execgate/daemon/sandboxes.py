@@ -268,19 +268,22 @@ class Sandboxes:
         if not self.decide.due(now, calls):
             return
         self._rescan(now, calls)
-        if self.last is not None and self.policy.launches_full():
+        last = self.last
+        if last is not None and self.policy.launches_full(now) and \
+                {s.sandbox_id for s in last.sandboxes} == self.boxes.keys():
             # Nothing starts now but by its wait's bound: decided on the last measure, the
-            # sandboxes not measured again (at the 15x burst, creates waited on the bound for
-            # minutes, and the measure was most of this stage's CPU). The room asked for the
-            # creates under way is still renewed.
-            snap = self.last
+            # same sandboxes not measured again (at the 15x burst, creates waited on the bound
+            # for minutes, and the measure was most of this stage's CPU). A sandbox come or
+            # gone is measured: the policy forgets a start it does not see live. The room
+            # asked for the creates under way is still renewed.
+            snap = last
             if self.residency.cfg.enabled and self.residency.cfg.reclaim:
                 self.residency.make_room(self.residency.room_wanted())
         else:
             snap = self.last = self._snapshot(reading, used, calls, set(busy()), activity,
                                               queued_peaks())
         pushable = sum(s.pushable_bytes for s in snap.sandboxes)
-        for d in self.policy.step(snap, waiting=False):  # the starts: all it acts on
+        for d in self.policy.step(snap, waiting=False, now=now):  # the starts: all it acts on
             if not d.start:
                 continue
             # Admitted on what idle sandboxes can give back, or on what swap absorbs while the

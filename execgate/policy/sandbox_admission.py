@@ -650,12 +650,12 @@ class SandboxAdmission:
         toward max_launching."""
         self._launching.pop(sandbox_id, None)
 
-    def launches_full(self) -> bool:
+    def launches_full(self, now: float | None = None) -> bool:
         """Whether max_launching admitted creates are under way: none can start now but by its
         wait's bound, whatever the memory. Creates under way past settle_s stop counting."""
         cap = self.config.max_launching
         if cap and self._launching:
-            self._launches_over(self.clock())
+            self._launches_over(self.clock() if now is None else now)
         return bool(cap) and len(self._launching) >= cap
 
     def _launches_over(self, now: float) -> None:
@@ -679,13 +679,16 @@ class SandboxAdmission:
         self._unstart(sandbox_id)
         self._gone(sandbox_id)
 
-    def step(self, snap: DomainSnapshot, waiting: bool = True) -> list[SandboxDecision]:
+    def step(self, snap: DomainSnapshot, waiting: bool = True, now: float | None = None
+             ) -> list[SandboxDecision]:
         """Decide every queued create, oldest first; started ones leave the queue.
 
         waiting=False returns the creates that start only (what the daemon acts on): first in,
         first out, every create behind the first that waits waits too, and their reasons are
-        formatted when snapshot() reads them, not for every queued create every period."""
-        now = self.clock()
+        formatted when snapshot() reads them, not for every queued create every period. now: the
+        caller's time, when it asked launches_full at it (the same answer here); the clock's
+        by default."""
+        now = self.clock() if now is None else now
         cfg = self.config
         self._later = None
         if not cfg.reserve_growth:
@@ -697,7 +700,7 @@ class SandboxAdmission:
         grows_to = ({image: self._grows_to(image) for image in self._per_image}
                     if cfg.learn_from_live else None)
         cap = cfg.max_launching
-        self.launches_full()  # the creates under way past settle_s stop counting
+        self.launches_full(now)  # the creates under way past settle_s stop counting
 
         def launches_full() -> bool:  # creates started in this step count too
             return bool(cap) and len(self._launching) >= cap
