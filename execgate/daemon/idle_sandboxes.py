@@ -454,19 +454,26 @@ class Residency:
                 continue
             cid = rec["id"]
             seen.add(cid)
+            old = self.boxes.get(cid)
+            if old is not None and old.cgroup != cg:  # restarted in a new cgroup: a new life
+                self._drop(cid)
             if cid not in self.boxes:  # idle since its last call, its start, or ours
                 created = now - max(time.time() - float(rec.get("created") or 0), 0.0)
                 self.boxes[cid] = Box(cid, cg, not records.agent_inside(rec, self.inside_default),
                                       self.activity.get(cid, max(self.started, created)),
                                       active=cid in self.activity)
         for cid in set(self.boxes) - seen:
-            cg = self.boxes.pop(cid).cgroup
-            self.files.forget(cg)
-            self.files.forget(container.init_leaf(cg))
+            self._drop(cid)
         self.looks.keep_only({cg for b in self.boxes.values()
                               for cg in (b.cgroup, container.init_leaf(b.cgroup))})
         for cid in set(self.activity) - seen:
             del self.activity[cid]
+
+    def _drop(self, cid: str) -> None:
+        """Forget a sandbox, and close its kept descriptors."""
+        cg = self.boxes.pop(cid).cgroup
+        self.files.forget(cg)
+        self.files.forget(container.init_leaf(cg))
 
     def snapshot(self) -> dict[str, Any]:
         now = self.clock()

@@ -50,9 +50,9 @@ class Looks:
         now = self.clock()
         files = self._seen.setdefault(cg, {})
         seen = files.get(name)
-        ttl = LIMIT_LOOK_S if name in LIMITS else self.ttl_s
-        if seen is not None and now - seen.at < ttl:
-            return seen
+        if seen is not None and now - seen.at < (
+                LIMIT_LOOK_S if name in LIMITS and seen.text is not None else self.ttl_s):
+            return seen  # (a limit not read, say in a restart's gap, is looked for again soon)
         data = self.files.read(cg, name)
         look = files[name] = _Look(now, None if data is None else data.decode(errors="replace"))
         return look
@@ -81,7 +81,8 @@ class Looks:
         for cg in cgroups:
             files = self._seen.get(cg)
             if files:
-                for name in set(files) - LIMITS:
+                for name in [n for n, look in files.items()
+                             if n not in LIMITS or look.text is None]:
                     del files[name]
 
     def keep_only(self, cgroups: set[str]) -> None:

@@ -196,8 +196,9 @@ def test_a_sandboxs_swap_limit_is_read_every_30_s_not_every_look(
         tmp_path: Path, monkeypatch: object) -> None:
     """memory.swap.max changes when someone writes it, not when memory moves: read twice a
     second per sandbox, it was a tenth of residency's CPU at the 15x burst (VM profile). A
-    call's start makes its memory files be read afresh, not its limits. A sandbox gone: its
-    kept descriptors are closed."""
+    call's start makes its memory files be read afresh, not its limits; a limit not there
+    is looked for again at the next look. A sandbox gone: its kept descriptors are
+    closed."""
     from execgate.daemon import idle_sandboxes
     from execgate.daemon.looks import LIMIT_LOOK_S
 
@@ -222,15 +223,39 @@ def test_a_sandboxs_swap_limit_is_read_every_30_s_not_every_look(
         res.touch("a")  # a call ran and ended: memory read afresh
         assert res.pushable() == 150 * MiB
     assert reads.count("memory.stat") == 6
-    assert reads.count("memory.swap.max") == 2  # the sandbox's own and its init's, once
+    # init's once; the sandbox's own has none (no limit written there): looked for each time
+    assert reads.count("memory.swap.max") == 1 + 6
     (a / "init" / "memory.swap.max").write_text(f"{10 * MiB}\n")
     clock.t += LIMIT_LOOK_S
-    assert res.pushable() == 60 * MiB and reads.count("memory.swap.max") == 4
+    assert res.pushable() == 60 * MiB and reads.count("memory.swap.max") == 9
     assert len(res.files) > 0
     records.remove_container(str(tmp_path / "state"), "a")
     clock.t += 10
     res.pushable()  # its record gone: forgotten, and its descriptors closed
     assert res.boxes == {} and len(res.files) == 0
+
+
+def test_a_container_restarted_in_a_new_cgroup_is_followed_there(tmp_path: Path) -> None:
+    """Its record names a new cgroup (a restart under another path): residency measures and
+    freezes that one, not the old path, which is gone."""
+    clock = Clock()
+    old = sandbox(tmp_path, "a")
+    res, _ = residency(tmp_path, clock, idle_after_s=20.0, reclaim_at_call_end=False)
+    res.pushable()  # the records read
+    assert res.boxes["a"].cgroup == str(old)
+    new = tmp_path / "cg" / "a-2"
+    (new / "init").mkdir(parents=True)
+    (new / "init" / "cgroup.freeze").write_text("0\n")
+    (new / "memory.current").write_text(f"{200 * MiB}\n")
+    (new / "memory.stat").write_text(f"anon 0\nfile {200 * MiB}\n")
+    (new / "memory.reclaim").write_text("")
+    rec = records.load_container(str(tmp_path / "state"), "a")
+    records.save_container(str(tmp_path / "state"), {**rec, "cgroup": str(new)})
+    clock.t += 30
+    settle(res, 40 * MiB)
+    assert res.boxes["a"].cgroup == str(new)
+    assert (new / "memory.reclaim").read_text() != "" and frozen(new)
+    assert (old / "memory.reclaim").read_text() == "" and not frozen(old)
 
 
 def test_busy_sandboxes_are_never_idle_and_yellow_does_not_freeze(tmp_path: Path) -> None:
