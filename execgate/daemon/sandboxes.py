@@ -156,7 +156,9 @@ class Sandboxes:
         self.waiting: dict[str, tuple[dict[str, Any], asyncio.Future[SandboxDecision]]] = {}
         self.scanned_at = -math.inf
         self.decide = WaitingStep()  # while creates wait: measured and decided when due
-        self.stats = {"outside_domain": 0, "cancelled": 0, "create_failed": 0}
+        # steps: waiting creates decided on a fresh measure, or on the last (launch bound)
+        self.stats = {"outside_domain": 0, "cancelled": 0, "create_failed": 0,
+                      "steps_measured": 0, "steps_unmeasured": 0}
         # Sandboxes whose first call came before a rescan found their record (an agent's exec
         # right after its create): their Box is born having been called.
         self._called_early: set[str] = set()
@@ -277,11 +279,13 @@ class Sandboxes:
             # gone is measured: the policy forgets a start it does not see live. The room
             # asked for the creates under way is still renewed.
             snap = last
+            self.stats["steps_unmeasured"] += 1
             if self.residency.cfg.enabled and self.residency.cfg.reclaim:
                 self.residency.make_room(self.residency.room_wanted())
         else:
             snap = self.last = self._snapshot(reading, used, calls, set(busy()), activity,
                                               queued_peaks())
+            self.stats["steps_measured"] += 1
         pushable = sum(s.pushable_bytes for s in snap.sandboxes)
         for d in self.policy.step(snap, waiting=False, now=now):  # the starts: all it acts on
             if not d.start:

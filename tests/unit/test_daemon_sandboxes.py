@@ -592,6 +592,7 @@ def test_a_create_waits_while_max_launching_others_have_not_started(tmp_path: Pa
         bed.clock.t += WAITING_STEP_S
         bed.engine.tick()
         assert not task_b.done() and bed.engine.sandboxes.last is held  # decided, not measured
+        assert bed.engine.sandboxes.stats["steps_unmeasured"] >= 1
         records.save_container(str(bed.state), {**rec, "prepared": True, "cgroup": str(cg)})
         bed.clock.t += WAITING_STEP_S
         bed.engine.tick()
