@@ -208,13 +208,19 @@ class Host:
         return int(value) / 1e9 if p.returncode == 0 and value.isdigit() else None
 
     def daemon_loop(self) -> dict[str, Any] | None:
-        """execgated's loop counters (iterations, CPU by stage, the process's CPU), or None."""
+        """execgated's loop counters (iterations, CPU by stage, the process's CPU), or None;
+        with sandbox admission's steps decided with and without a fresh measure."""
         p = _run(["execgatectl", "status", "--json"], timeout=60)
         try:
-            loop = (json.loads(p.stdout).get("daemon") or {}).get("loop")
+            daemon = json.loads(p.stdout).get("daemon") or {}
+            loop, sa = daemon.get("loop"), daemon.get("sandbox_admission") or {}
         except (json.JSONDecodeError, AttributeError):
             return None
-        return loop if isinstance(loop, dict) else None
+        if not isinstance(loop, dict):
+            return None
+        steps = {k: sa[k] for k in ("steps_measured", "steps_unmeasured")
+                 if isinstance(sa, dict) and isinstance(sa.get(k), int)}
+        return {**loop, "sandbox_steps": steps} if steps else loop
 
     # -- the slice -----------------------------------------------------------------------------
 

@@ -407,10 +407,12 @@ def loop_delta(before: dict[str, Any], after: dict[str, Any] | None) -> dict[str
     for key in ("iterations", "wall_s", "cpu_s", "process_cpu_s"):
         if isinstance(after.get(key), (int, float)) and isinstance(before.get(key), (int, float)):
             out[key] = round(after[key] - before[key], 3)
-    for split in ("stage_cpu_s", "threads_cpu_s", "periods"):  # the loop's by stage, the
-        # process's by thread, the loop's waits by kind
+    for split in ("stage_cpu_s", "threads_cpu_s", "periods", "sandbox_steps"):  # the loop's
+        # by stage, the process's by thread, the loop's waits by kind, sandbox admission's steps
+        if split not in after:
+            continue  # (an older daemon's)
         was = before.get(split) or {}
-        out[split] = {k: round(v - was.get(k, 0), 3) for k, v in (after.get(split) or {}).items()}
+        out[split] = {k: round(v - was.get(k, 0), 3) for k, v in (after[split] or {}).items()}
     if any(isinstance(v, (int, float)) and v < 0 for v in out.values()):
         return None
     return out

@@ -243,11 +243,13 @@ def test_the_daemon_loop_over_a_run_is_the_difference_of_its_counters() -> None:
     after = {"iterations": 110, "cpu_s": 4.0, "wall_s": 6.0, "process_cpu_s": 9.0,
              "stage_cpu_s": {"calls": 1.5, "residency": 2.0},
              "threads_cpu_s": {"MainThread": 5.0, "follow": 1.0},
-             "periods": {"sample": 54, "calm": 40, "idle": 16}}
+             "periods": {"sample": 54, "calm": 40, "idle": 16},
+             "sandbox_steps": {"steps_measured": 7, "steps_unmeasured": 3}}
     assert loop_delta(before, after) == {
         "iterations": 100, "wall_s": 4.0, "cpu_s": 3.0, "process_cpu_s": 6.0,
         "stage_cpu_s": {"calls": 1.0, "residency": 2.0},
         "threads_cpu_s": {"MainThread": 5.0, "follow": 1.0},
-        "periods": {"sample": 50, "calm": 40, "idle": 10}}
+        "periods": {"sample": 50, "calm": 40, "idle": 10},
+        "sandbox_steps": {"steps_measured": 7, "steps_unmeasured": 3}}
     assert loop_delta(before, None) is None
     assert loop_delta(after, before) is None  # the daemon restarted mid-run
