@@ -108,13 +108,14 @@ class KeptFiles:
         data = self.read(cg, name)
         return None if data is None else parse_key(data, key)
 
-    def forget(self, cg: str) -> None:
-        """Close every descriptor kept for this cgroup (its call ended)."""
-        for path in self._by_cgroup.pop(cg, ()):
-            self._absent.discard(path)
-            fd = self._fds.pop(path, None)
-            if fd is not None:
-                os.close(fd)
+    def forget(self, *cgroups: str) -> None:
+        """Close every descriptor kept for these cgroups (their call or sandbox ended)."""
+        for cg in cgroups:
+            for path in self._by_cgroup.pop(cg, ()):
+                self._absent.discard(path)
+                fd = self._fds.pop(path, None)
+                if fd is not None:
+                    os.close(fd)
 
     def close(self) -> None:
         for cg in list(self._by_cgroup):

@@ -472,8 +472,7 @@ class Residency:
     def _drop(self, cid: str) -> None:
         """Forget a sandbox, and close its kept descriptors."""
         cg = self.boxes.pop(cid).cgroup
-        self.files.forget(cg)
-        self.files.forget(container.init_leaf(cg))
+        self.files.forget(cg, container.init_leaf(cg))
 
     def snapshot(self) -> dict[str, Any]:
         now = self.clock()

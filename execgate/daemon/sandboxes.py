@@ -270,18 +270,18 @@ class Sandboxes:
         if not self.decide.due(now, calls):
             return
         self._rescan(now, calls)
+        res = self.residency
+        if res.cfg.enabled and res.cfg.reclaim:  # the room asked for the creates under way,
+            res.make_room(res.room_wanted())  # renewed no more than asked (records rescanned)
         last = self.last
         if last is not None and self.policy.launches_full(now) and \
                 {s.sandbox_id for s in last.sandboxes} == self.boxes.keys():
             # Nothing starts now but by its wait's bound: decided on the last measure, the
             # same sandboxes not measured again (at the 15x burst, creates waited on the bound
             # for minutes, and the measure was most of this stage's CPU). A sandbox come or
-            # gone is measured: the policy forgets a start it does not see live. The room
-            # asked for the creates under way is still renewed.
+            # gone is measured: the policy forgets a start it does not see live.
             snap = last
             self.stats["steps_unmeasured"] += 1
-            if self.residency.cfg.enabled and self.residency.cfg.reclaim:
-                self.residency.make_room(self.residency.room_wanted())
         else:
             snap = self.last = self._snapshot(reading, used, calls, set(busy()), activity,
                                               queued_peaks())
@@ -314,8 +314,6 @@ class Sandboxes:
         now = self.clock()
         res = self.residency
         pushes = res.cfg.enabled and res.cfg.reclaim
-        if pushes:  # renews no more than was asked (it rescans the records too)
-            res.make_room(res.room_wanted())
         in_calls: dict[str, int] = {}
         for c in calls.values():
             in_calls[c.container] = in_calls.get(c.container, 0) + c.last_mem
@@ -419,8 +417,7 @@ class Sandboxes:
 
     def _forget(self, cg: str) -> None:
         """Close the descriptors kept for a sandbox's cgroup and its init leaf."""
-        self.files.forget(cg)
-        self.files.forget(container.init_leaf(cg))
+        self.files.forget(cg, container.init_leaf(cg))
 
     # -- views ---------------------------------------------------------------------------------
 

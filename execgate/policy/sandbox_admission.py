@@ -653,9 +653,13 @@ class SandboxAdmission:
     def launches_full(self, now: float | None = None) -> bool:
         """Whether max_launching admitted creates are under way: none can start now but by its
         wait's bound, whatever the memory. Creates under way past settle_s stop counting."""
-        cap = self.config.max_launching
-        if cap and self._launching:
+        if self.config.max_launching and self._launching:
             self._launches_over(self.clock() if now is None else now)
+        return self._at_launch_bound()
+
+    def _at_launch_bound(self) -> bool:
+        """max_launching creates under way, those started in a step so far included."""
+        cap = self.config.max_launching
         return bool(cap) and len(self._launching) >= cap
 
     def _launches_over(self, now: float) -> None:
@@ -701,10 +705,6 @@ class SandboxAdmission:
                     if cfg.learn_from_live else None)
         cap = cfg.max_launching
         self.launches_full(now)  # the creates under way past settle_s stop counting
-
-        def launches_full() -> bool:  # creates started in this step count too
-            return bool(cap) and len(self._launching) >= cap
-
         pinned, claimed, arriving, growing, top = self._pinned(snap, now, grows_to)
         # The free swap is shared: what the live sandboxes would push out takes it first (what
         # it cannot take stays resident: pinned), then the arrivals, then the growth to come.
@@ -788,12 +788,13 @@ class SandboxAdmission:
                 verdict, reason = Verdict.ADMITTED, "admitted: sandbox admission is off"
             elif ahead is None and empty:
                 verdict, reason = Verdict.ADMITTED, f"admitted: nothing live; {terms}"
-            elif ahead is None and need <= room and not launches_full():
+            elif ahead is None and need <= room and not self._at_launch_bound():
                 verdict, reason = Verdict.ADMITTED, f"admitted: {terms} <= {within}"
             elif waited >= bound:
                 verdict = Verdict.FAIL_OPEN
                 held = (f"; {len(self._launching)} admitted creates not yet started "
-                        f"(max_launching {cap})" if need <= room and launches_full() else "")
+                        f"(max_launching {cap})" if need <= room and self._at_launch_bound()
+                        else "")
                 reason = (f"fail open: waited {waited:.1f} s >= {cfg.bound_name(caller)} "
                           f"{bound:g} s; {terms} vs {within}{held}")
             else:
