@@ -47,13 +47,15 @@ class Ending(AgentsState):
         self.loop.run_in_executor(None, self._record, c, entry, end)
 
     def _record(self, c: Call, entry: dict[str, Any], end: float) -> None:
-        """Off the loop: rmdir may have to retry, and the exit event may still be on its way."""
-        if not v2.remove(c.cgroup):
-            log.warning("inside call %s: cannot remove %s", c.name, c.cgroup)
+        """Off the loop: the exit event may still be on its way, and rmdir may have to retry.
+        The line goes in before the cgroup goes: a daemon killed in between leaves a marked
+        cgroup that its successor records, never a call gone without its line."""
         if not c.exited.wait(0.5) and self.loop is not None:
             self.loop.call_soon_threadsafe(self._forget_later, c)
         outcome.record(entry, c.status, end, self.cfg.journal, log)
         self.engine.journal_written()
+        if not v2.remove(c.cgroup):
+            log.warning("inside call %s: cannot remove %s", c.name, c.cgroup)
 
     def _forget_later(self, c: Call) -> None:
         """Its exit event is late (a busy loop): it still carries the program to learn from,

@@ -131,6 +131,7 @@ class Placement(AgentsState):
             return
         if in_exec:
             self.stats["in_exec"] += 1
+            self._mark(call)  # a daemon killed before it is described: its successor records it
             self._describe_later(c, time.monotonic() + EXEC_WAIT_S)
             return
         self._admit_described(c)
@@ -165,6 +166,11 @@ class Placement(AgentsState):
             with contextlib.suppress(OSError):
                 v2.write(call.cgroup, "memory.high", str(call.hint["memory_bytes"]))
         self._admit(c)
+        self._mark(call)
+
+    @staticmethod
+    def _mark(call: ToolCall) -> None:
+        """The call's record on its cgroup: what a restarted daemon reads back."""
         xcall = call.journal()
         if len(" ".join(call.argv)) > MAX_XATTR_ARGV:
             xcall["argv"] = call.argv[:1]
