@@ -351,6 +351,95 @@ def test_a_call_caught_in_its_exec_when_the_daemon_dies_is_recorded_by_the_next(
     assert [p for p, _ in moves] == [child.pid]
 
 
+def _restart(agents: InsideAgents, until: Any = lambda: True, **cfg: Any) -> InsideAgents:
+    """A next daemon's InsideAgents on the same state (and config, but for `cfg`), started,
+    and stopped once `until()`."""
+    conf = Config(**{**agents.cfg.__dict__, **cfg}) if cfg else agents.cfg
+    again = InsideAgents(conf, agents.settings, Engine(conf, agents.settings))
+
+    async def run() -> None:
+        again.start()
+        try:
+            await _until(until)
+            await asyncio.sleep(0.2)  # what it would record, it records at once
+        finally:
+            again.stop()
+
+    asyncio.run(run())
+    return again
+
+
+def _lines(tmp: Path) -> list[dict[str, Any]]:
+    path = tmp / "calls.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_call_left_after_its_line_is_not_recorded_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon killed between a call's line and its rmdir (or whose rmdir failed) leaves the
+    cgroup marked done: the next one removes it and writes no second line."""
+    agents, _cg, _moves = _setup(tmp_path, monkeypatch)
+    monkeypatch.setattr(v2, "remove", lambda path, attempts=20: False)  # as if killed first
+    child = subprocess.Popen(["sleep", "0.2"])
+
+    async def first() -> str:
+        agents.start()
+        try:
+            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\0" b"0.2\0":
+                await asyncio.sleep(0.001)
+            FakeConnector.instances[-1].push(*_events(os.getpid(), child.pid))
+            await _until(lambda: len(agents.calls) == 1)
+            [call] = agents.calls.values()
+            child.wait()
+            Path(call.cgroup, "cgroup.events").write_text("populated 0\n")
+            agents._ended(call.name)
+            await _until(lambda: _lines(tmp_path) != [])
+            await asyncio.sleep(0.05)
+            return call.cgroup
+        finally:
+            agents.stop()
+
+    tool = asyncio.run(first())
+    assert recovery.get_mark(tool) == recovery.DONE
+    removed: list[str] = []
+    monkeypatch.setattr(v2, "remove", lambda path, attempts=20: removed.append(path) or True)
+    _restart(agents)
+    assert len(_lines(tmp_path)) == 1 and tool in removed
+
+
+def test_a_spare_a_call_ran_in_is_recorded_one_never_used_is_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed between a call's move and its mark, a daemon leaves a "spare" that a call ran
+    in: its CPU says so, and the next daemon records it (a spare never used reads 0 and is
+    removed). A call still running in one is adopted under the command line's redaction."""
+    agents, cg, _moves = _setup(tmp_path, monkeypatch)
+    child = subprocess.Popen(["sleep", "30"])
+    for name, usage, procs in (("tool-ran", 1234, ""), ("tool-unused", 0, ""),
+                               ("tool-running", 99, f"{child.pid}\n")):
+        tool = cg / name
+        tool.mkdir()
+        (tool / "cpu.stat").write_text(f"usage_usec {usage}\nuser_usec 0\n")
+        (tool / "cgroup.events").write_text(f"populated {int(bool(procs))}\n")
+        (tool / "cgroup.procs").write_text(procs)
+        (tool / "cgroup.freeze").write_text("0\n")
+        recovery.set_mark(str(tool), recovery.SPARE)
+    removed: list[str] = []
+    monkeypatch.setattr(v2, "remove", lambda path, attempts=20: removed.append(path) or True)
+    try:
+        while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\x0030\x00":
+            time.sleep(0.001)
+        again = _restart(agents, lambda: _lines(tmp_path) != [], redact_commands=True)
+        [entry] = _lines(tmp_path)
+        assert entry["call"] == "tool-ran" and entry["adopted"] is True and entry["argv"] == []
+        assert str(cg / "tool-unused") in removed and str(cg / "tool-ran") in removed
+        assert set(again.calls) == {"tool-running"}
+        mark = json.loads(recovery.get_mark(str(cg / "tool-running")) or b"null")
+        assert mark["argv"] == ["sleep"] and mark["command_class"], mark
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_command_started_before_the_daemon_listened_is_placed_late(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agents, _cg, moves = _setup(tmp_path, monkeypatch)

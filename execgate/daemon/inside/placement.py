@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import time
@@ -20,13 +19,12 @@ from execgate.cgroups import container, v2
 from execgate.common import hints
 
 from . import procfs
-from .recovery import set_mark
+from .recovery import SPARE, mark_call, set_mark
 from .state import AgentsState, Box, Call
 from .tracker import Match
 
 log = logging.getLogger("execgated.inside")
 
-MAX_XATTR_ARGV = 2048
 # A call caught inside an exec is read again this often, for at most this long.
 EXEC_POLL_S = 0.01
 EXEC_WAIT_S = 2.0
@@ -53,7 +51,7 @@ class Placement(AgentsState):
         tool = container.make_tool_cgroup(box.cgroup, container.new_tool_name())
         if self.conf.freeze == "always":
             v2.write(tool, "cgroup.freeze", "1")
-        set_mark(tool, b"spare")
+        set_mark(tool, SPARE)
         return tool
 
     def _replenish(self, box: Box) -> None:
@@ -121,6 +119,7 @@ class Placement(AgentsState):
                 "rss_before_bytes": mem.get("VmRSS"), "anon_before_bytes": mem.get("RssAnon"),
                 "memory_after_move": v2.read_int(tool, "memory.current"),
         }
+        mark_call(call)  # a daemon killed from here on leaves a call its successor records
         c = Call(call, m.tgid, box, stderr, frozen=self.conf.freeze == "always")
         self.calls[name] = c
         self.by_pid[m.tgid] = c
@@ -131,7 +130,6 @@ class Placement(AgentsState):
             return
         if in_exec:
             self.stats["in_exec"] += 1
-            self._mark(call)  # a daemon killed before it is described: its successor records it
             self._describe_later(c, time.monotonic() + EXEC_WAIT_S)
             return
         self._admit_described(c)
@@ -166,15 +164,7 @@ class Placement(AgentsState):
             with contextlib.suppress(OSError):
                 v2.write(call.cgroup, "memory.high", str(call.hint["memory_bytes"]))
         self._admit(c)
-        self._mark(call)
-
-    @staticmethod
-    def _mark(call: ToolCall) -> None:
-        """The call's record on its cgroup: what a restarted daemon reads back."""
-        xcall = call.journal()
-        if len(" ".join(call.argv)) > MAX_XATTR_ARGV:
-            xcall["argv"] = call.argv[:1]
-        set_mark(call.cgroup, json.dumps(xcall, separators=(",", ":")).encode())
+        mark_call(call)  # now with its hint and admission
 
     def _hint(self, environ: list[str], box: Box, stderr: int | None, tty: bool
               ) -> dict[str, Any] | None:

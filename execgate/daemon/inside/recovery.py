@@ -20,7 +20,11 @@ from .state import AgentsState, Box, Call
 
 log = logging.getLogger("execgated.inside")
 
-XATTR = "trusted.execgate.inside"  # on a tool cgroup: "spare", or the call (for a restart)
+# On a tool cgroup: "spare"; the call's record (for a restart); "done" once its line is in the
+# journal (what is left is only to remove it).
+XATTR = "trusted.execgate.inside"
+SPARE, DONE = b"spare", b"done"
+MAX_XATTR_ARGV = 2048
 
 
 def set_mark(cg: str, value: bytes) -> None:
@@ -30,6 +34,14 @@ def set_mark(cg: str, value: bytes) -> None:
         pass  # only restart adoption needs it
 
 
+def mark_call(call: ToolCall) -> None:
+    """The call's record on its cgroup: what a restarted daemon reads back."""
+    xcall = call.journal()
+    if len(" ".join(call.argv)) > MAX_XATTR_ARGV:
+        xcall["argv"] = call.argv[:1]
+    set_mark(call.cgroup, json.dumps(xcall, separators=(",", ":")).encode())
+
+
 def get_mark(cg: str) -> bytes | None:
     try:
         return os.getxattr(cg, XATTR)
@@ -37,12 +49,18 @@ def get_mark(cg: str) -> bytes | None:
         return None
 
 
-def _argv_of(tool: str) -> list[str]:
+def _first_task(tool: str) -> tuple[int, list[str]]:
+    """The pid and command line of a cgroup's first task that has one; (0, []) if none."""
     for pid in v2.procs(tool):
         argv = procfs.nul_list(f"/proc/{pid}/cmdline")
         if argv:
-            return argv
-    return []
+            return pid, argv
+    return 0, []
+
+
+def _ran(tool: str) -> bool:
+    """Whether anything ever ran in this cgroup (a spare never used used no CPU)."""
+    return bool(v2.read_keyed(tool, "cpu.stat").get("usage_usec"))
 
 
 class Recovery(AgentsState):
@@ -60,17 +78,20 @@ class Recovery(AgentsState):
                 continue
             name = os.path.basename(tool)
             try:
-                placed = json.loads(mark) if mark != b"spare" else None
+                placed = json.loads(mark) if mark not in (SPARE, DONE) else None
             except ValueError:
                 placed = None
             if not isinstance(placed, dict):
-                if not v2.populated(tool):
-                    v2.remove(tool, attempts=1)
+                if mark == DONE or (not v2.populated(tool) and not _ran(tool)):
+                    v2.remove(tool, attempts=1)  # journaled, or a spare never used
                     continue
                 # A call the previous daemon was placing when it died (moved, not yet
-                # marked): its command is still its first task's.
-                call = ToolCall(name, box.cid, box.sandbox, tool, _argv_of(tool),
-                                arrival=time.time())
+                # marked): its command is its first task's, unknown if it ended since.
+                pid, argv = _first_task(tool)
+                call = ToolCall(name, box.cid, box.sandbox, tool, argv, arrival=time.time())
+                call.inside = {"pid": pid}  # an inside call (its exit heard, if it runs)
+                call.redact = self.cfg.redact_commands
+                mark_call(call)  # read back if this daemon dies too
             else:
                 call = ToolCall.from_journal(placed)
             call.cgroup, call.call = tool, name
