@@ -308,49 +308,6 @@ def test_a_call_caught_in_a_slow_exec_keeps_its_hint(tmp_path: Path,
     asyncio.run(scenario())
 
 
-def test_a_call_caught_in_its_exec_when_the_daemon_dies_is_recorded_by_the_next(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While a call caught inside its exec waits to be described, its cgroup carries its mark
-    (it carried "spare": a call that ended before the next daemon came up was removed without
-    a line, and the e2e test_held_calls_run_when_the_daemon_dies found 3 calls of 4 in CI)."""
-    agents, _cg, moves = _setup(tmp_path, monkeypatch)
-    monkeypatch.setattr(procfs, "exec_image", lambda pid, within_s=0.05: ([], []))
-    child = subprocess.Popen(["sleep", "30"])
-
-    async def first() -> str:
-        agents.start()
-        try:
-            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\0" b"30\0":
-                await asyncio.sleep(0.001)
-            FakeConnector.instances[-1].push(*_events(os.getpid(), child.pid))
-            await _until(lambda: agents.stats["in_exec"] == 1)
-            [call] = agents.calls.values()
-            mark = json.loads(recovery.get_mark(call.cgroup) or b"null")
-            assert mark["call"] == call.name and mark["argv"] == ["sleep"], mark
-            return call.cgroup
-        finally:
-            agents.stop()  # then its loop goes, as a killed daemon's does
-
-    tool = asyncio.run(first())
-    child.kill()
-    child.wait()
-    Path(tool, "cgroup.events").write_text("populated 0\n")
-    again = InsideAgents(agents.cfg, agents.settings, Engine(agents.cfg, agents.settings))
-
-    async def second() -> None:
-        again.start()
-        try:
-            await _until(lambda: (tmp_path / "calls.jsonl").exists())
-        finally:
-            again.stop()
-
-    asyncio.run(second())
-    [entry] = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-    assert entry["call"] == os.path.basename(tool) and entry["argv"] == ["sleep"]
-    assert entry["adopted"] is True and entry["inside"]["pid"] == child.pid
-    assert [p for p, _ in moves] == [child.pid]
-
-
 def _restart(agents: InsideAgents, until: Any = lambda: True, **cfg: Any) -> InsideAgents:
     """A next daemon's InsideAgents on the same state (and config, but for `cfg`), started,
     and stopped once `until()`."""
@@ -374,6 +331,46 @@ def _lines(tmp: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+async def _call_on_connector(child: subprocess.Popen[bytes]) -> None:
+    """The agent's (this process's) `child`, reported by the connector once exec'd."""
+    argv = "".join(f"{a}\0" for a in child.args).encode()
+    while Path(f"/proc/{child.pid}/cmdline").read_bytes() != argv:
+        await asyncio.sleep(0.001)
+    FakeConnector.instances[-1].push(*_events(os.getpid(), child.pid))
+
+
+def test_a_call_caught_in_its_exec_when_the_daemon_dies_is_recorded_by_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a call caught inside its exec waits to be described, its cgroup carries its mark
+    (it carried "spare": a call that ended before the next daemon came up was removed without
+    a line, and the e2e test_held_calls_run_when_the_daemon_dies found 3 calls of 4 in CI)."""
+    agents, _cg, moves = _setup(tmp_path, monkeypatch)
+    monkeypatch.setattr(procfs, "exec_image", lambda pid, within_s=0.05: ([], []))
+    child = subprocess.Popen(["sleep", "30"])
+
+    async def first() -> str:
+        agents.start()
+        try:
+            await _call_on_connector(child)
+            await _until(lambda: agents.stats["in_exec"] == 1)
+            [call] = agents.calls.values()
+            mark = json.loads(recovery.get_mark(call.cgroup) or b"null")
+            assert mark["call"] == call.name and mark["argv"] == ["sleep"], mark
+            return call.cgroup
+        finally:
+            agents.stop()  # then its loop goes, as a killed daemon's does
+
+    tool = asyncio.run(first())
+    child.kill()
+    child.wait()
+    Path(tool, "cgroup.events").write_text("populated 0\n")
+    _restart(agents, lambda: _lines(tmp_path) != [])
+    [entry] = _lines(tmp_path)
+    assert entry["call"] == os.path.basename(tool) and entry["argv"] == ["sleep"]
+    assert entry["adopted"] is True and entry["inside"]["pid"] == child.pid
+    assert [p for p, _ in moves] == [child.pid]
+
+
 def test_a_call_left_after_its_line_is_not_recorded_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A daemon killed between a call's line and its rmdir (or whose rmdir failed) leaves the
@@ -385,9 +382,7 @@ def test_a_call_left_after_its_line_is_not_recorded_again(
     async def first() -> str:
         agents.start()
         try:
-            while Path(f"/proc/{child.pid}/cmdline").read_bytes() != b"sleep\0" b"0.2\0":
-                await asyncio.sleep(0.001)
-            FakeConnector.instances[-1].push(*_events(os.getpid(), child.pid))
+            await _call_on_connector(child)
             await _until(lambda: len(agents.calls) == 1)
             [call] = agents.calls.values()
             child.wait()
