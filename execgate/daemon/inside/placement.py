@@ -119,7 +119,6 @@ class Placement(AgentsState):
                 "rss_before_bytes": mem.get("VmRSS"), "anon_before_bytes": mem.get("RssAnon"),
                 "memory_after_move": v2.read_int(tool, "memory.current"),
         }
-        mark_call(call)  # a daemon killed from here on leaves a call its successor records
         c = Call(call, m.tgid, box, stderr, frozen=self.conf.freeze == "always")
         self.calls[name] = c
         self.by_pid[m.tgid] = c
@@ -130,6 +129,10 @@ class Placement(AgentsState):
             return
         if in_exec:
             self.stats["in_exec"] += 1
+            # Described up to EXEC_WAIT_S from now: marked meanwhile, so a daemon killed then
+            # leaves a call its successor records with its name (otherwise the spare's mark
+            # and its CPU used are all it leaves: recovery.py, _ran).
+            mark_call(call)
             self._describe_later(c, time.monotonic() + EXEC_WAIT_S)
             return
         self._admit_described(c)
