@@ -17,7 +17,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from execgate.calls import outcome, tell
+from execgate.calls import mark, outcome, tell
 from execgate.calls.oom_score import raise_oom_score_adj
 from execgate.cgroups import v2
 
@@ -208,9 +208,13 @@ def exit_status(pidfd: int | None, cgroup_id: int | None) -> int | None:
 
 def finish(call: ToolCall, entry: dict[str, Any], status: int | None, end: float,
             journal: str, log: RuncLog) -> None:
+    """The journal line, then the cgroup marked done and removed: a follower killed in between
+    leaves a cgroup its daemon's successor removes (calls/mark.py), never a call without its
+    line."""
+    outcome.record(entry, status, end, journal, log)
+    mark.done(call.cgroup)
     if not v2.remove(call.cgroup):
         log.warning(f"call {call.call}: cannot remove {call.cgroup}")
-    outcome.record(entry, status, end, journal, log)
 
 
 # How long the rest of a call may outlive its own process and still count as ending with it

@@ -88,6 +88,13 @@ def populated(cg: str) -> bool:
     return read_keyed(cg, "cgroup.events").get("populated", 0) == 1
 
 
+def never_ran(cg: str, unknown: bool = False) -> bool:
+    """Whether no task ever ran in the cgroup: its cpu.stat shows no CPU used (exec'ing into a
+    cgroup alone uses some). unknown: the answer when cpu.stat cannot be read."""
+    used = read_keyed(cg, "cpu.stat").get("usage_usec")
+    return unknown if used is None else used == 0
+
+
 def wait_event(cg: str, key: str, value: int, timeout: float) -> bool:
     """Wait until cgroup.events shows key == value (kernfs notifies with POLLPRI)."""
     import select

@@ -9,6 +9,11 @@ becomes runc. Its pidfd is the follower's runtime pidfd, and its stderr (pidfd_g
 non-blocking) is the call's. The call is then followed to its end in a thread (calls/follow.py)
 instead of by a watcher process.
 
+The call's cgroup is marked with its record (calls/mark.py) before the front hears the argv, so a
+daemon that dies at any point leaves its successor what it needs: recover() follows a marked
+call to its journal line, removes a cgroup marked done, and removes one no call ever ran in once
+the process that was to become runc has gone (it fell back to Python: its call is elsewhere).
+
 Every refusal is an error frame, and the front then starts the Python runtime, which decides and
 fails open as before. That covers a TTY call, another config, and a failure to place the call.
 A call whose placement fails before the answer is sent ends its charge with the conversation.
@@ -25,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from execgate.calls import feedback, follow, placement
+from execgate.calls import feedback, follow, mark, placement
 from execgate.calls.record import ToolCall
 from execgate.cgroups import container, v2
 from execgate.common import protocol, records
@@ -34,15 +39,12 @@ from execgate.oci import cli
 from execgate.policy.admission import Decision
 
 from . import thread_cpu
-from .inside.procfs import take_stderr
+from .inside.procfs import started_ns, take_stderr
 from .server import Conn
 
 log = logging.getLogger("execgated.exec")
 
 Converse = Callable[..., Awaitable[dict[str, Any] | None]]
-# On a placed call's tool cgroup: the call in its journal form, for a restarted daemon to follow
-# it to its journal line (the stream is gone with the daemon that held it; the rest is not).
-MARK = "trusted.execgate.placed"
 
 
 def front_request_error(op: str, msg: dict[str, Any], cfg: Config) -> str | None:
@@ -114,7 +116,6 @@ class ExecOp:
             except BaseException:
                 self._let_go(call, runtime_pidfd, stderr)
                 raise
-            call.start = time.time()
             self.placed += 1
             self._follow(cfg, call, runtime_pidfd, p.flags.get("pid-file"), stderr)
 
@@ -126,25 +127,49 @@ class ExecOp:
 
     def recover(self) -> int:
         """After a restart: follow again the calls a previous daemon placed (marked), once the
-        engine has adopted the running ones; how many."""
+        engine has adopted the running ones; how many. A cgroup marked done is removed."""
         cfg, n, done = self.cfg(), 0, self._done_fn()
         for rec in records.containers(cfg.state_dir):
             if not rec.get("managed") or not isinstance(rec.get("cgroup"), str):
                 continue
             for tool in container.tool_cgroups(rec["cgroup"]):
+                found = mark.get(tool, mark.PLACED)
+                if found == mark.DONE:
+                    v2.remove(tool, attempts=1)  # its line is in
+                    continue
                 try:
-                    call = ToolCall.from_journal(json.loads(os.getxattr(tool, MARK)))
-                except (OSError, ValueError, TypeError, AttributeError):
+                    placed = json.loads(found or b"")
+                    call = ToolCall.from_journal(placed)
+                except (ValueError, TypeError, AttributeError):
                     continue
                 call.cgroup, call.call, call.adopted = tool, os.path.basename(tool), True
                 call.managed = call.call in self.engine.calls
                 call.waited_s = call.waited_s or 0.0
                 call.forced = bool(call.forced)
                 call.start = call.start or call.arrival or time.time()
-                self._thread(call, lambda c=call: follow.follow(
-                    c, {}, None, cfg.journal, log, None, done))
+                runtime = _runtime_pidfd(placed.get("runtime"))
+                self._thread(call, lambda c=call, r=runtime: self._follow_again(cfg, c, r, done))
                 n += 1
         return n
+
+    @staticmethod
+    def _follow_again(cfg: Config, call: ToolCall, runtime_pidfd: int | None,
+                      done: follow.Done) -> None:
+        """A marked call to its journal line; none for a cgroup no call ever ran in."""
+        pidfds: dict[int, int] = {}
+        if runtime_pidfd is not None:  # runc may be about to run the call in it: wait for runc
+            try:
+                pidfds, _ = follow.wait_runtime(runtime_pidfd, call.cgroup,
+                                                int(call.oom_score_adj or 0))
+            finally:
+                os.close(runtime_pidfd)
+        if not v2.populated(call.cgroup) and v2.never_ran(call.cgroup):
+            for fd in pidfds.values():
+                os.close(fd)
+            log.info("call %s: placed, never run (its front fell back): removed", call.call)
+            v2.remove(call.cgroup)
+            return
+        follow.follow(call, pidfds, None, cfg.journal, log, None, done)
 
     @staticmethod
     def _place(cfg: Config, p: placement.Plan, pid: int) -> tuple[list[str], int, int | None]:
@@ -155,6 +180,10 @@ class ExecOp:
         except BaseException:
             os.close(runtime_pidfd)
             raise
+        # Marked before the front hears the argv: from then on a call may run in it.
+        p.call.start = time.time()
+        record = {**p.call.journal(), "runtime": {"pid": pid, "started_ns": started_ns(pid)}}
+        mark.put(p.call.cgroup, mark.PLACED, json.dumps(record).encode())
         return out, runtime_pidfd, take_stderr(pid)
 
     @staticmethod
@@ -198,10 +227,6 @@ class ExecOp:
 
     def _follow(self, cfg: Config, call: ToolCall, runtime_pidfd: int, pid_file: str | None,
                 stderr: int | None) -> None:
-        try:
-            os.setxattr(call.cgroup, MARK, json.dumps(call.journal()).encode())
-        except OSError:
-            pass  # only a restart needs it
         done = self._done_fn()
 
         def body() -> None:
@@ -218,3 +243,19 @@ class ExecOp:
             follow.follow(call, pidfds, pid_file, cfg.journal, log, stderr, done)
 
         self._thread(call, body)
+
+
+def _runtime_pidfd(runtime: Any) -> int | None:
+    """A pidfd on the process a marked call's front became (runc, or Python that fell back),
+    if it still runs: the same pid, started when the mark says."""
+    if not isinstance(runtime, dict):
+        return None
+    try:
+        pid, started = int(runtime["pid"]), int(runtime["started_ns"])
+        fd = os.pidfd_open(pid)
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+    if started_ns(pid) != started:  # the pid was reused (checked with the pidfd held)
+        os.close(fd)
+        return None
+    return fd

@@ -68,7 +68,7 @@ def test_an_exec_that_leaves_a_background_process_returns_as_with_runc(
     assert tool_cgroups(cg), "the background process holds the call's cgroup"
     wait_for(lambda: [e for e in journal_for(pair["execgate"]) if "echo started" in
                       " ".join(e.get("argv") or [])], timeout=120, what="the journal line")
-    assert not tool_cgroups(cg)
+    wait_for(lambda: not tool_cgroups(cg), what="its cgroup removed (after its line)")
 
 
 def test_exec_with_stdin(containers: Containers) -> None:

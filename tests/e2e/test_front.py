@@ -116,20 +116,32 @@ def test_a_sandbox_and_its_calls_need_no_python(containers: Containers) -> None:
 def test_a_call_the_daemon_placed_is_journaled_after_the_daemon_dies(
         containers: Containers) -> None:
     """kill -9 while a placed call runs: the call goes on, and the restarted daemon follows it
-    to its journal line (the mark on its cgroup)."""
+    to its journal line (the mark on its cgroup). What a daemon killed at a worse instant
+    leaves goes with no line: a cgroup marked done (its line was in), and one marked but never
+    run in whose front has gone (it fell back to Python, which placed the call elsewhere)."""
     cid = containers.run()
     _settle()
+    cg = container_cgroup(cid)
     t0 = time.monotonic()
     docker("exec", "-d", cid, "sleep", "60")  # outlives a slow restart on a loaded host
     wait_for(lambda: daemon_view()["exec"]["following"] >= 1, what="the call followed")
-    (call,) = tool_cgroups(container_cgroup(cid))
+    (call,) = tool_cgroups(cg)
+    left = {"tool-00000000d0e0": b"done", "tool-00000000e0e0": json.dumps({
+        "call": "tool-00000000e0e0", "container": cid, "sandbox": cid, "argv": ["never"],
+        "cgroup": os.path.join(cg, "tool-00000000e0e0"),
+        "runtime": {"pid": 1, "started_ns": 1}}).encode()}  # pid 1 started at boot, not 1 ns
+    for name, value in left.items():
+        os.mkdir(os.path.join(cg, name))
+        os.setxattr(os.path.join(cg, name), "trusted.execgate.placed", value)
     systemctl("kill", "-s", "KILL", "execgated")
     wait_for(daemon_up, timeout=120, what="execgated to be restarted")
-    assert call in tool_cgroups(container_cgroup(cid))  # still running
+    assert call in tool_cgroups(cg)  # still running
+    wait_for(lambda: not set(left) & set(tool_cgroups(cg)), what="the cgroups left removed")
     wait_for(lambda: any(e["call"] == call for e in journal_for(cid)), timeout=120,
              what="its journal line")
     assert time.monotonic() - t0 >= 55  # not before it ended
-    wait_for(lambda: call not in tool_cgroups(container_cgroup(cid)), what="its cgroup gone")
+    wait_for(lambda: call not in tool_cgroups(cg), what="its cgroup gone")
+    assert [e["call"] for e in journal_for(cid)] == [call]
 
 
 def test_after_a_config_change_and_a_restart_the_next_sandbox_needs_no_python(

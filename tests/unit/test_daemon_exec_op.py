@@ -175,33 +175,160 @@ def test_a_peer_gone_before_its_answer_leaves_no_charge_and_no_cgroup(tmp_path: 
 
 
 
+def _marked(tool: Path, argv: list[str], **extra: Any) -> None:
+    """A tool cgroup as a daemon that placed a call in it left it: made, marked."""
+    import pytest
+
+    from execgate.calls import mark
+    from execgate.calls.record import ToolCall
+
+    tool.mkdir()
+    call = ToolCall(tool.name, "box", "box", str(tool), argv)
+    call.admitted(True, 0.5)
+    call.start = 100.0
+    try:
+        os.setxattr(tool, mark.PLACED, json.dumps({**call.journal(), **extra}).encode())
+    except OSError as e:
+        pytest.skip(f"no trusted xattrs here: {e}")
+
+
+def _rmdir_fakes(monkeypatch: Any) -> None:
+    """rmdir as on cgroupfs, where a cgroup's files go with it: a fake's are deleted first."""
+    from execgate.cgroups import v2
+
+    real = v2.remove
+
+    def remove(cg: str, attempts: int = 20) -> bool:
+        for f in Path(cg).glob("*"):
+            f.unlink()
+        return real(cg, attempts)
+
+    monkeypatch.setattr(v2, "remove", remove)
+
+
+def _lines(d: Any) -> list[dict[str, Any]]:
+    journal = Path(d.engine.cfg.journal)
+    return [json.loads(x) for x in journal.read_text().splitlines()] if journal.exists() else []
+
+
 def test_a_restarted_daemon_follows_the_calls_it_placed_to_their_journal_lines(
         tmp_path: Path) -> None:
     """The follower dies with its daemon; the call's mark (its journal form, on its cgroup)
     lets the next daemon end it: the journal line written, the cgroup removed."""
-    import pytest
-
-    from execgate.calls.record import ToolCall
-    from execgate.daemon.exec_op import MARK
-
     async def scenario() -> None:
         async with daemon(tmp_path) as d:
             tool = d.box / "tool-00000000abcd"
-            tool.mkdir()
-            call = ToolCall(tool.name, "box", "box", str(tool), ["make", "-j8"])
-            call.admitted(True, 0.5)
-            call.start = 100.0
-            try:
-                os.setxattr(tool, MARK, json.dumps(call.journal()).encode())
-            except OSError as e:
-                pytest.skip(f"no trusted xattrs here: {e}")
+            _marked(tool, ["make", "-j8"])
             (d.box / "tool-00000000beef").mkdir()  # not ours (no mark): left alone
             assert d.daemon is not None and d.daemon.exec.recover() == 1
-            journal = Path(d.engine.cfg.journal)
-            await _until(lambda: journal.exists() and tool.name in journal.read_text())
-            (entry,) = [json.loads(line) for line in journal.read_text().splitlines()]
+            await _until(lambda: _lines(d) != [])
+            (entry,) = _lines(d)
             assert entry["argv"] == ["make", "-j8"] and entry["start"] == 100.0
             await _until(lambda: not tool.exists())
             assert (d.box / "tool-00000000beef").exists()
+
+    asyncio.run(scenario())
+
+
+PEER_READS_MARK = PEER.replace("print(json.dumps(frames))", """\
+import os
+tool = os.path.join(sys.argv[3], frames[-1]["argv"][frames[-1]["argv"].index("--cgroup") + 1])
+print(json.dumps([frames, json.loads(os.getxattr(tool, "trusted.execgate.placed"))]))""")
+
+
+def test_a_call_is_marked_before_its_front_hears_and_marked_done_once_journaled(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """No instant at which a killed daemon loses a call or journals it twice: the front reads
+    the call's mark (with its own pid, for a successor to wait on) when it gets the argv, and
+    the journal line is in, the mark `done`, when the cgroup is removed."""
+    from execgate.calls import mark
+    from execgate.cgroups import v2
+
+    removing: list[tuple[bool, bytes | None]] = []
+    real_remove = v2.remove
+
+    def remove(cg: str, attempts: int = 20) -> bool:
+        journal = Path(cfg_journal[0])
+        removing.append((journal.exists() and os.path.basename(cg) in journal.read_text(),
+                         mark.get(cg, mark.PLACED)))
+        return real_remove(cg, attempts)
+
+    cfg_journal: list[str] = []
+    monkeypatch.setattr(v2, "remove", remove)
+
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            (d.box / "init").mkdir()
+            cfg_journal.append(d.engine.cfg.journal)
+            spec = _spec(tmp_path, ["pytest"], [])
+            p = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", PEER_READS_MARK, d.path,
+                json.dumps(_exec(["--detach", "--process", spec, "box"])), str(d.box),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(p.communicate(), 10)
+            if b"OSError" in err and b"getxattr" in err:
+                import pytest
+                pytest.skip("no trusted xattrs here")
+            assert p.returncode == 0, err.decode()
+            frames, placed = json.loads(out)
+            name = frames[-1]["argv"][frames[-1]["argv"].index("--cgroup") + 1]
+            assert placed["call"] == name and placed["argv"] == ["pytest"]
+            assert placed["runtime"]["pid"] == p.pid and placed["runtime"]["started_ns"] > 0
+            await _until(lambda: not (d.box / name).exists())
+            assert removing == [(True, mark.DONE)]
+            (entry,) = _lines(d)
+            assert "runtime" not in entry  # the mark's, not the journal's
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_daemon_removes_what_no_call_left_to_journal(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A cgroup marked done (its line is in), and one no call ever ran in whose front is gone
+    (it fell back to Python, which placed the call elsewhere): removed, no line. A call that
+    ran and ended while no daemon was up: its line."""
+    _rmdir_fakes(monkeypatch)
+
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            _marked(d.box / "tool-000000000001", ["ended"])
+            (d.box / "tool-000000000001" / "cpu.stat").write_text("usage_usec 500\n")
+            _marked(d.box / "tool-000000000002", ["never"],
+                    runtime={"pid": os.getpid(), "started_ns": 1})  # not this process's start
+            (d.box / "tool-000000000002" / "cpu.stat").write_text("usage_usec 0\n")
+            (d.box / "tool-000000000003").mkdir()
+            os.setxattr(d.box / "tool-000000000003", "trusted.execgate.placed", b"done")
+            assert d.daemon is not None
+            d.daemon.exec.recover()
+            await _until(lambda: not [t for t in d.box.iterdir() if t.name.startswith("tool-")])
+            assert [e["argv"] for e in _lines(d)] == [["ended"]]
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_daemon_waits_for_the_runc_that_may_still_run_a_marked_call(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Killed right after answering the front: the call's cgroup is marked, nothing has run in
+    it yet, and runc is on its way. The next daemon waits for that runc (the pid on the mark)
+    rather than remove the cgroup from under it, then follows the call to its line."""
+    from execgate.daemon.inside.procfs import started_ns
+
+    _rmdir_fakes(monkeypatch)
+
+    async def scenario() -> None:
+        async with daemon(tmp_path) as d:
+            runc = await asyncio.create_subprocess_exec("sleep", "1")
+            tool = d.box / "tool-000000000004"
+            _marked(tool, ["late"], runtime={"pid": runc.pid, "started_ns": started_ns(runc.pid)})
+            (tool / "cpu.stat").write_text("usage_usec 0\n")
+            assert d.daemon is not None
+            d.daemon.exec.recover()
+            await asyncio.sleep(0.3)
+            assert tool.exists() and _lines(d) == []  # runc has not gone: waited for
+            (tool / "cpu.stat").write_text("usage_usec 800\n")  # the call ran
+            await runc.wait()
+            await _until(lambda: _lines(d) != [])
+            assert [e["argv"] for e in _lines(d)] == [["late"]]
+            await _until(lambda: not tool.exists())
 
     asyncio.run(scenario())

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 
 from execgate.bpf import inside_probe as probe_mod
+from execgate.calls import mark
 from execgate.calls.record import ToolCall
 from execgate.cgroups import v2
 from execgate.common import records
@@ -22,7 +23,7 @@ from execgate.common.config import Config
 from execgate.common.units import MiB
 from execgate.daemon import settings
 from execgate.daemon.engine import Engine
-from execgate.daemon.inside import proc_events, procfs, recovery
+from execgate.daemon.inside import proc_events, procfs
 from execgate.daemon.inside.agents import InsideAgents
 from execgate.daemon.inside.proc_events import ProcEvent
 from execgate.daemon.inside.state import Box, Call
@@ -354,8 +355,8 @@ def test_a_call_caught_in_its_exec_when_the_daemon_dies_is_recorded_by_the_next(
             await _call_on_connector(child)
             await _until(lambda: agents.stats["in_exec"] == 1)
             [call] = agents.calls.values()
-            mark = json.loads(recovery.get_mark(call.cgroup) or b"null")
-            assert mark["call"] == call.name and mark["argv"] == ["sleep"], mark
+            found = json.loads(mark.get(call.cgroup, mark.INSIDE) or b"null")
+            assert found["call"] == call.name and found["argv"] == ["sleep"], found
             return call.cgroup
         finally:
             agents.stop()  # then its loop goes, as a killed daemon's does
@@ -395,7 +396,7 @@ def test_a_call_left_after_its_line_is_not_recorded_again(
             agents.stop()
 
     tool = asyncio.run(first())
-    assert recovery.get_mark(tool) == recovery.DONE
+    assert mark.get(tool, mark.INSIDE) == mark.DONE
     removed: list[str] = []
     monkeypatch.setattr(v2, "remove", lambda path, attempts=20: removed.append(path) or True)
     _restart(agents)
@@ -417,7 +418,7 @@ def test_a_spare_a_call_ran_in_is_recorded_one_never_used_is_removed(
         (tool / "cgroup.events").write_text(f"populated {int(bool(procs))}\n")
         (tool / "cgroup.procs").write_text(procs)
         (tool / "cgroup.freeze").write_text("0\n")
-        recovery.set_mark(str(tool), recovery.SPARE)
+        mark.put(str(tool), mark.INSIDE, mark.SPARE)
     removed: list[str] = []
     monkeypatch.setattr(v2, "remove", lambda path, attempts=20: removed.append(path) or True)
     try:
@@ -428,8 +429,8 @@ def test_a_spare_a_call_ran_in_is_recorded_one_never_used_is_removed(
         assert entry["call"] == "tool-ran" and entry["adopted"] is True and entry["argv"] == []
         assert str(cg / "tool-unused") in removed and str(cg / "tool-ran") in removed
         assert set(again.calls) == {"tool-running"}
-        mark = json.loads(recovery.get_mark(str(cg / "tool-running")) or b"null")
-        assert mark["argv"] == ["sleep"] and mark["command_class"], mark
+        found = json.loads(mark.get(str(cg / "tool-running"), mark.INSIDE) or b"null")
+        assert found["argv"] == ["sleep"] and found["command_class"], found
     finally:
         child.kill()
         child.wait()

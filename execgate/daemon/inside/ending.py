@@ -8,10 +8,9 @@ import logging
 import time
 from typing import Any
 
-from execgate.calls import outcome, tell
+from execgate.calls import mark, outcome, tell
 from execgate.cgroups import v2
 
-from .recovery import DONE, set_mark
 from .state import AgentsState, Call
 
 log = logging.getLogger("execgated.inside")
@@ -55,7 +54,7 @@ class Ending(AgentsState):
             self.loop.call_soon_threadsafe(self._forget_later, c)
         outcome.record(entry, c.status, end, self.cfg.journal, log)
         self.engine.journal_written()
-        set_mark(c.cgroup, DONE)  # left behind (killed, or rmdir failed): removed, not recorded
+        mark.done(c.cgroup, mark.INSIDE)  # if left behind: removed, not recorded
         if not v2.remove(c.cgroup):
             log.warning("inside call %s: cannot remove %s", c.name, c.cgroup)
 

@@ -12,14 +12,14 @@ import os
 import time
 from typing import Any
 
-from execgate.calls import hint, tell
+from execgate.calls import hint, mark, tell
 from execgate.calls.oom_score import raise_oom_score_adj
 from execgate.calls.record import ToolCall
 from execgate.cgroups import container, v2
 from execgate.common import hints
 
 from . import procfs
-from .recovery import SPARE, mark_call, set_mark
+from .recovery import mark_call
 from .state import AgentsState, Box, Call
 from .tracker import Match
 
@@ -51,7 +51,7 @@ class Placement(AgentsState):
         tool = container.make_tool_cgroup(box.cgroup, container.new_tool_name())
         if self.conf.freeze == "always":
             v2.write(tool, "cgroup.freeze", "1")
-        set_mark(tool, SPARE)
+        mark.put(tool, mark.INSIDE, mark.SPARE)
         return tool
 
     def _replenish(self, box: Box) -> None:

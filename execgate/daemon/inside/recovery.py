@@ -11,6 +11,8 @@ import logging
 import os
 import time
 
+from execgate.calls import mark
+from execgate.calls.mark import DONE, SPARE
 from execgate.calls.record import ToolCall
 from execgate.cgroups import container, v2
 
@@ -20,18 +22,8 @@ from .state import AgentsState, Box, Call
 
 log = logging.getLogger("execgated.inside")
 
-# On a tool cgroup: "spare"; the call's record (for a restart); "done" once its line is in the
-# journal (what is left is only to remove it).
-XATTR = "trusted.execgate.inside"
-SPARE, DONE = b"spare", b"done"
+# An inside call's argv, at most, on its mark (an xattr value is at most 64 KiB).
 MAX_XATTR_ARGV = 2048
-
-
-def set_mark(cg: str, value: bytes) -> None:
-    try:
-        os.setxattr(cg, XATTR, value)
-    except OSError:
-        pass  # only restart adoption needs it
 
 
 def mark_call(call: ToolCall) -> None:
@@ -39,14 +31,7 @@ def mark_call(call: ToolCall) -> None:
     xcall = call.journal()
     if len(" ".join(call.argv)) > MAX_XATTR_ARGV:
         xcall["argv"] = call.argv[:1]
-    set_mark(call.cgroup, json.dumps(xcall, separators=(",", ":")).encode())
-
-
-def get_mark(cg: str) -> bytes | None:
-    try:
-        return os.getxattr(cg, XATTR)
-    except OSError:
-        return None
+    mark.put(call.cgroup, mark.INSIDE, json.dumps(xcall, separators=(",", ":")).encode())
 
 
 def _first_task(tool: str) -> tuple[int, list[str]]:
@@ -58,11 +43,6 @@ def _first_task(tool: str) -> tuple[int, list[str]]:
     return 0, []
 
 
-def _ran(tool: str) -> bool:
-    """Whether anything ever ran in this cgroup (a spare never used used no CPU)."""
-    return bool(v2.read_keyed(tool, "cpu.stat").get("usage_usec"))
-
-
 class Recovery(AgentsState):
     """Adopting what a previous daemon left in a container."""
 
@@ -70,19 +50,19 @@ class Recovery(AgentsState):
         """What a previous daemon left in this container: spares, and calls that were placed
         (marked by an xattr; docker exec calls have their own watchers and are left alone)."""
         for tool in container.tool_cgroups(box.cgroup):
-            mark = get_mark(tool)
-            if mark is None and not self._starting:
+            found = mark.get(tool, mark.INSIDE)
+            if found is None and not self._starting:
                 continue
             v2.thaw(tool)
-            if mark is None:
+            if found is None:
                 continue
             name = os.path.basename(tool)
             try:
-                placed = json.loads(mark) if mark not in (SPARE, DONE) else None
+                placed = json.loads(found) if found not in (SPARE, DONE) else None
             except ValueError:
                 placed = None
             if not isinstance(placed, dict):
-                if mark == DONE or (not v2.populated(tool) and not _ran(tool)):
+                if found == DONE or (not v2.populated(tool) and v2.never_ran(tool, unknown=True)):
                     v2.remove(tool, attempts=1)  # journaled, or a spare never used
                     continue
                 # A call the previous daemon was placing when it died (moved, not yet
