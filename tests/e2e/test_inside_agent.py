@@ -428,23 +428,32 @@ def test_held_calls_run_when_the_daemon_dies(domain: Containers) -> None:
     listening()
     _go(cids)
 
+    seen: dict[str, Any] = {}
+
     def placed_and_one_held() -> bool:
         """Every agent's call placed (one not yet caught runs unmanaged when the daemon dies,
         rightly without a line) or done, and one of them held."""
-        held = False
+        held, every = False, True
         for cid in cids:
-            cg, placed = container_cgroup(cid), False
+            cg, placed, state = container_cgroup(cid), False, {}
             for name in tool_cgroups(cg):
                 with open(os.path.join(cg, name, "cgroup.freeze")) as f, \
                         open(os.path.join(cg, name, "cgroup.events")) as g:
                     populated = "populated 1" in g.read()
-                    placed |= populated
-                    held |= populated and f.read().strip() == "1"
-            if not placed and not inside_entries(cid):
-                return False
-        return held
+                    frozen = f.read().strip() == "1"
+                state[name] = {"populated": populated, "frozen": frozen}
+                placed |= populated
+                held |= populated and frozen
+            lines = [(e["argv"][:1], e.get("waited_s"), e.get("held_s"))
+                     for e in inside_entries(cid)]
+            seen[cid[:12]] = {"cgroups": state, "lines": lines, "rc": read_in(cid, "/tmp/rc")}
+            every &= placed or bool(lines)
+        return every and held
 
-    wait_for(placed_and_one_held, timeout=120, what="every call placed and one held")
+    try:
+        wait_for(placed_and_one_held, timeout=120, what="every call placed and one held")
+    except AssertionError as e:  # what each box showed last, and what the daemon counted
+        raise AssertionError(f"{e}: {seen}; daemon: {daemon_view()['inside']}") from None
     systemctl("kill", "-s", "KILL", "execgated")  # systemd restarts it (Restart=always)
     done = _results(cids, 600)
     assert all(r in ("0", "137") for r in done), done

@@ -78,6 +78,8 @@ class Placement(AgentsState):
         except OSError as e:
             if e.errno in (errno.ESRCH, errno.ENOENT, errno.EINVAL):
                 self.stats["missed"] += 1  # it ended before we got to it: it ran unmanaged
+                log.debug("inside agent in %s: %d (%s) ended before it was placed",
+                          box.cid[:12], m.tgid, name_early)
                 box.spares.insert(0, tool)
             else:
                 v2.remove(tool, attempts=1)
@@ -131,7 +133,7 @@ class Placement(AgentsState):
             self.stats["in_exec"] += 1
             # Described up to EXEC_WAIT_S from now: marked meanwhile, so a daemon killed then
             # leaves a call its successor records with its name (otherwise the spare's mark
-            # and its CPU used are all it leaves: recovery.py, _ran).
+            # and its CPU used are all it leaves: recovery.py).
             mark_call(call)
             self._describe_later(c, time.monotonic() + EXEC_WAIT_S)
             return
