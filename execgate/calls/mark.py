@@ -11,11 +11,29 @@ made ahead of its call is a `spare`.
 
 from __future__ import annotations
 
+import json
 import os
+
+TYPE_CHECKING = False  # typing's, without importing typing on the exec path
+if TYPE_CHECKING:
+    from typing import Any
+
+    from execgate.calls.record import ToolCall
 
 PLACED = "trusted.execgate.placed"
 INSIDE = "trusted.execgate.inside"
 SPARE, DONE = b"spare", b"done"
+# A longer argv is marked as its program alone (an xattr value is at most 64 KiB; the journal
+# line, written from the live record, keeps the whole argv).
+MAX_ARGV_CHARS = 2048
+
+
+def record(call: ToolCall, **extra: Any) -> bytes:
+    """The call's record as its mark carries it: its journal form, and extra keys."""
+    xcall = call.journal()
+    if len(" ".join(call.argv)) > MAX_ARGV_CHARS:
+        xcall["argv"] = call.argv[:1]
+    return json.dumps({**xcall, **extra}, separators=(",", ":")).encode()
 
 
 def put(cg: str, name: str, value: bytes) -> None:

@@ -182,8 +182,8 @@ class ExecOp:
             raise
         # Marked before the front hears the argv: from then on a call may run in it.
         p.call.start = time.time()
-        record = {**p.call.journal(), "runtime": {"pid": pid, "started_ns": started_ns(pid)}}
-        mark.put(p.call.cgroup, mark.PLACED, json.dumps(record).encode())
+        mark.put(p.call.cgroup, mark.PLACED, mark.record(
+            p.call, runtime={"pid": pid, "started_ns": started_ns(pid)}))
         return out, runtime_pidfd, take_stderr(pid)
 
     @staticmethod

@@ -22,16 +22,9 @@ from .state import AgentsState, Box, Call
 
 log = logging.getLogger("execgated.inside")
 
-# An inside call's argv, at most, on its mark (an xattr value is at most 64 KiB).
-MAX_XATTR_ARGV = 2048
-
-
 def mark_call(call: ToolCall) -> None:
     """The call's record on its cgroup: what a restarted daemon reads back."""
-    xcall = call.journal()
-    if len(" ".join(call.argv)) > MAX_XATTR_ARGV:
-        xcall["argv"] = call.argv[:1]
-    mark.put(call.cgroup, mark.INSIDE, json.dumps(xcall, separators=(",", ":")).encode())
+    mark.put(call.cgroup, mark.INSIDE, mark.record(call))
 
 
 def _first_task(tool: str) -> tuple[int, list[str]]:
