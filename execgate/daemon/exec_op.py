@@ -134,11 +134,13 @@ class ExecOp:
                 continue
             for tool in container.tool_cgroups(rec["cgroup"]):
                 found = mark.get(tool, mark.PLACED)
+                if found is None:
+                    continue  # not placed by a daemon (the runtime's watcher follows it)
                 if found == mark.DONE:
                     v2.remove(tool, attempts=1)  # its line is in
                     continue
                 try:
-                    placed = json.loads(found or b"")
+                    placed = json.loads(found)
                     call = ToolCall.from_journal(placed)
                 except (ValueError, TypeError, AttributeError):
                     continue

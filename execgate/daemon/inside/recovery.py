@@ -12,7 +12,6 @@ import os
 import time
 
 from execgate.calls import mark
-from execgate.calls.mark import DONE, SPARE
 from execgate.calls.record import ToolCall
 from execgate.cgroups import container, v2
 
@@ -51,11 +50,12 @@ class Recovery(AgentsState):
                 continue
             name = os.path.basename(tool)
             try:
-                placed = json.loads(found) if found not in (SPARE, DONE) else None
+                placed = json.loads(found) if found not in (mark.SPARE, mark.DONE) else None
             except ValueError:
                 placed = None
             if not isinstance(placed, dict):
-                if found == DONE or (not v2.populated(tool) and v2.never_ran(tool, unknown=True)):
+                if found == mark.DONE or (
+                        not v2.populated(tool) and v2.never_ran(tool, unknown=True)):
                     v2.remove(tool, attempts=1)  # journaled, or a spare never used
                     continue
                 # A call the previous daemon was placing when it died (moved, not yet
